@@ -1,0 +1,47 @@
+# The README's two commands: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+UV     := 0.13.9
+
+.PHONY: setup test lint run kafka-up kafka-down kafka-status bench lock clean
+
+setup: $(VENV)/.installed
+
+# One resolve against the lock file (uv, no backtracking); re-runs when either file changes.
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found: Tether needs Python 3.11 (make PYTHON=/path/to/python3.11)"; exit 1; }
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV)
+	$(BIN)/uv pip install --python $(BIN)/python --constraint requirements.lock -e '.[test]'
+	@touch $@
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+run: setup
+	@bash infra/run_demo.sh
+
+kafka-up: setup
+	$(BIN)/tether kafka up
+	$(BIN)/tether topics create
+
+kafka-down: setup
+	$(BIN)/tether kafka down
+
+kafka-status: setup
+	$(BIN)/tether kafka status
+
+bench: setup
+	$(BIN)/python bench/bus_throughput.py
+
+lock: setup
+	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
+
+clean:
+	-$(BIN)/tether kafka down
+	rm -rf $(VENV) .tether

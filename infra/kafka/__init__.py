@@ -1,0 +1,1 @@
+"""A single-node Apache Kafka broker (KRaft, broker+controller) fetched with Maven and run by PID."""

@@ -1,0 +1,277 @@
+"""Typed events of the contract (DESIGN.md, event contract).
+
+Each class mirrors the `.avsc` file of the same name; `registry.py` is the one
+place that ties them together. Invariants that every reader relies on are
+checked at construction, so an invalid event can be neither produced nor
+decoded (it goes to the dead-letter topic instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from schemas.errors import InvalidEvent
+
+ROLLOUT_STATUSES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+CALL_STATUSES = frozenset({"ok", "error"})
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _require(ok: bool, event: object, message: str) -> None:
+    if not ok:
+        raise InvalidEvent(f"{type(event).__name__}: {message}")
+
+
+def _require_ids(event: object, *names: str) -> None:
+    for name in names:
+        _require(bool(getattr(event, name)), event, f"{name} must not be empty")
+
+
+def _require_aware(event: object, *names: str) -> None:
+    for name in names:
+        value = getattr(event, name)
+        _require(value.tzinfo is not None, event, f"{name} must be timezone-aware")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timings:
+    received_at: datetime
+    finished_at: datetime
+    queued_ms: float = 0.0
+    engine_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require_aware(self, "received_at", "finished_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCall:
+    call_id: str
+    rollout_id: str
+    run_id: str
+    seq: int
+    api: str
+    model: str
+    request_json: str
+    response_json: str
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_logprobs: list[float]
+    weight_version: int
+    usage: Usage
+    timings: Timings
+    status: str = "ok"
+    http_status: int = 200
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "call_id", "rollout_id", "run_id")
+        _require(self.seq >= 0, self, f"seq must be >= 0, got {self.seq}")
+        _require(self.weight_version >= 0, self, "weight_version must be >= 0")
+        _require(self.status in CALL_STATUSES, self, f"status must be one of {sorted(CALL_STATUSES)}")
+        _require(
+            len(self.response_logprobs) == len(self.response_token_ids),
+            self,
+            f"{len(self.response_logprobs)} logprobs for {len(self.response_token_ids)} response tokens",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutSealed:
+    rollout_id: str
+    run_id: str
+    n_calls: int
+    sealed_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "rollout_id", "run_id")
+        _require(self.n_calls >= 0, self, "n_calls must be >= 0")
+        _require_aware(self, "sealed_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutStarted:
+    rollout_id: str
+    run_id: str
+    group_id: str
+    task_id: str
+    task_json: str
+    group_size: int
+    runner: str = "local"
+    attempt: int = 0
+    weight_version: int = 0
+    started_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "rollout_id", "run_id", "group_id", "task_id")
+        _require(self.group_size >= 1, self, "group_size must be >= 1")
+        _require(self.attempt >= 0, self, "attempt must be >= 0")
+        _require_aware(self, "started_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewardReported:
+    rollout_id: str
+    run_id: str
+    reward: float
+    source: str
+    details_json: str | None = None
+    reported_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "rollout_id", "run_id", "source")
+        _require(self.reward == self.reward, self, "reward must not be NaN")
+        _require_aware(self, "reported_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutFinished:
+    rollout_id: str
+    run_id: str
+    status: str
+    duration_s: float
+    exit_code: int | None = None
+    reward: float | None = None
+    reason: str | None = None
+    finished_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "rollout_id", "run_id")
+        _require(self.status in ROLLOUT_STATUSES, self, f"status must be one of {sorted(ROLLOUT_STATUSES)}")
+        _require(self.duration_s >= 0, self, "duration_s must be >= 0")
+        _require_aware(self, "finished_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    token_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    weight_versions: list[int]
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        _require(
+            len(self.loss_mask) == len(self.logprobs) == len(self.weight_versions) == n,
+            self,
+            "token_ids, loss_mask, logprobs and weight_versions must have the same length",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutSample:
+    rollout_id: str
+    reward: float
+    status: str
+    segments: list[Segment]
+    filled: bool = False
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "rollout_id")
+        _require(self.status in ROLLOUT_STATUSES, self, f"status must be one of {sorted(ROLLOUT_STATUSES)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DroppedRollout:
+    rollout_id: str
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskGroup:
+    group_id: str
+    run_id: str
+    task_id: str
+    group_size: int
+    rollouts: list[RolloutSample]
+    partial: bool = False
+    dropped: list[DroppedRollout] = field(default_factory=list)
+    created_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "group_id", "run_id", "task_id")
+        _require(self.group_size >= 1, self, "group_size must be >= 1")
+        _require(
+            len(self.rollouts) + len(self.dropped) <= self.group_size or self.partial,
+            self,
+            "more rollouts than group_size",
+        )
+        _require_aware(self, "created_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateRequested:
+    run_id: str
+    version: int
+    n_task_groups: int
+    requested_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id")
+        _require(self.version >= 1, self, "version must be >= 1")
+        _require_aware(self, "requested_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayDrained:
+    run_id: str
+    version: int
+    gateway_id: str
+    held_calls: int = 0
+    drained_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id", "gateway_id")
+        _require_aware(self, "drained_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightVersionPublished:
+    run_id: str
+    version: int
+    checkpoint_path: str | None = None
+    published_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id")
+        _require(self.version >= 0, self, "version must be >= 0")
+        _require_aware(self, "published_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    error_type: str
+    consumer: str
+    key: bytes | None = None
+    value: bytes | None = None
+    dead_at: datetime = field(default_factory=utcnow)
+
+
+Event = (
+    ModelCall
+    | RolloutSealed
+    | RolloutStarted
+    | RewardReported
+    | RolloutFinished
+    | TaskGroup
+    | UpdateRequested
+    | GatewayDrained
+    | WeightVersionPublished
+    | DeadLetter
+)

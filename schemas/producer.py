@@ -1,0 +1,82 @@
+"""Publishing events: idempotent, acks=all, and an error instead of success when Kafka did not store it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from schemas.errors import DeliveryError
+from schemas.events import Event
+from schemas.serde import encode
+from schemas.settings import BusSettings
+from schemas.topics import key_for, topic_for
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where Kafka stored an event."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class EventProducer:
+    """One idempotent producer per process; `publish` returns only once the event is acknowledged."""
+
+    def __init__(self, settings: BusSettings, client_id: str | None = None) -> None:
+        self._settings = settings
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=client_id or settings.client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=settings.linger_ms,
+            compression_type=settings.compression_type,
+            max_request_size=settings.max_message_bytes,
+            request_timeout_ms=settings.request_timeout_ms,
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            raise DeliveryError(f"cannot reach Kafka at {self._settings.bootstrap_servers}: {exc!r}") from exc
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> EventProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def publish(self, event: Event) -> Delivery:
+        """Encode, send, and wait for the acknowledgement of all in-sync replicas."""
+        (delivery,) = await self.publish_many([event])
+        return delivery
+
+    async def publish_many(self, batch: Sequence[Event]) -> list[Delivery]:
+        """Send all, then wait for every acknowledgement; any failure fails the whole call."""
+        return await self.send_many([(topic_for(e).name, key_for(e), encode(e)) for e in batch])
+
+    async def send_many(self, records: Sequence[tuple[str, bytes | None, bytes]]) -> list[Delivery]:
+        # aiokafka retries an idempotent batch until the broker takes it (never
+        # expiring it), so a broker restart delays acks without duplicating
+        # events; our own deadline only bounds how long the caller waits.
+        try:
+            async with asyncio.timeout(self._settings.delivery_timeout_s):
+                pending = [await self._producer.send(topic, value, key=key) for topic, key, value in records]
+                metas = await asyncio.gather(*pending)
+        except (KafkaError, TimeoutError) as exc:
+            raise DeliveryError(f"{len(records)} event(s) not acknowledged: {exc!r}") from exc
+        return [Delivery(m.topic, m.partition, m.offset) for m in metas]

@@ -1,0 +1,21 @@
+"""How a process reaches the bus; read once from TETHER_BUS_* variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.topics import MAX_MESSAGE_BYTES
+
+
+class BusSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TETHER_BUS_", frozen=True)
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated.")
+    client_id: str = "tether"
+    replication_factor: int = Field(1, ge=1, description="For topics this process creates.")
+    request_timeout_ms: int = Field(30_000, ge=1_000)
+    delivery_timeout_s: float = Field(120.0, gt=0, description="How long a publish may wait for its acknowledgement.")
+    linger_ms: int = Field(2, ge=0)
+    compression_type: str | None = Field(None, description="gzip, snappy, lz4 or zstd; the codec must be installed.")
+    max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)

@@ -1,0 +1,76 @@
+"""The topic catalogue: which events go where, keyed by what, kept how long.
+
+Event topics are logs, not tables: they are never compacted (a rollout has many
+events under one key) and kept forever by default, since replaying them
+rebuilds everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka.partitioner import murmur2
+
+from schemas import events
+from schemas.events import Event
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    key_field: str
+    partitions: int
+    events: tuple[type, ...]
+    doc: str
+    config: dict[str, str] = field(default_factory=dict)
+
+
+_LOG = {"cleanup.policy": "delete", "retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+
+CALLS = Topic(
+    "tether.calls", "rollout_id", 8, (events.ModelCall, events.RolloutSealed),
+    "every model call, then RolloutSealed after a rollout's last one", _LOG,
+)
+ROLLOUTS = Topic(
+    "tether.rollouts", "rollout_id", 8,
+    (events.RolloutStarted, events.RewardReported, events.RolloutFinished),
+    "rollout lifecycle from the controller, rewards from harnesses", _LOG,
+)
+SAMPLES = Topic(
+    "tether.samples", "group_id", 4, (events.TaskGroup,),
+    "task groups assembled by the stream processors", _LOG,
+)
+CONTROL = Topic(
+    "tether.control", "run_id", 1,
+    (events.UpdateRequested, events.GatewayDrained, events.WeightVersionPublished),
+    "trainer/gateway update handshake, in one total order", _LOG,
+)
+DEADLETTER = Topic(
+    "tether.deadletter", "key", 1, (events.DeadLetter,),
+    "records no reader could accept, with the reason",
+    {"cleanup.policy": "delete", "retention.ms": str(30 * 24 * 3600 * 1000),
+     "max.message.bytes": str(2 * MAX_MESSAGE_BYTES)},
+)
+
+CATALOGUE: tuple[Topic, ...] = (CALLS, ROLLOUTS, SAMPLES, CONTROL, DEADLETTER)
+_BY_EVENT: dict[type, Topic] = {cls: topic for topic in CATALOGUE for cls in topic.events}
+BY_NAME: dict[str, Topic] = {topic.name: topic for topic in CATALOGUE}
+
+
+def topic_for(event: Event) -> Topic:
+    return _BY_EVENT[type(event)]
+
+
+def key_for(event: Event) -> bytes | None:
+    """The record key: the topic's key field, so one rollout/group/run stays on one partition."""
+    if isinstance(event, events.DeadLetter):
+        return event.key
+    value: str = getattr(event, topic_for(event).key_field)
+    return value.encode()
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """Kafka's default placement (Java client's murmur2), so every client in any language agrees."""
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,1 @@
+"""Faust stream processors: join calls to rollouts, assemble task groups, feed analytics (issue 6)."""

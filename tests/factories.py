@@ -1,0 +1,130 @@
+"""Events for tests: one fixed example of every type, and hypothesis strategies for all of them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from hypothesis import strategies as st
+
+from schemas import events as ev
+from schemas.events import ROLLOUT_STATUSES, Event
+
+E = TypeVar("E", bound=Event)
+T0 = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
+    """One realistic event of each type, all about one run."""
+    timings = ev.Timings(received_at=T0, finished_at=T0, queued_ms=1.5, engine_ms=42.0)
+    segment = ev.Segment(token_ids=[1, 2, 3], loss_mask=[False, True, True], logprobs=[0.0, -0.5, -0.25],
+                         weight_versions=[-1, 3, 3])
+    return [
+        ev.RolloutStarted(rollout_id=rollout_id, run_id=run_id, group_id="g-1", task_id="t-1",
+                          task_json='{"q": "2+2"}', group_size=4, started_at=T0),
+        ev.ModelCall(call_id=f"{rollout_id}-c0", rollout_id=rollout_id, run_id=run_id, seq=0, api="openai.chat",
+                     model="tiny", request_json='{"messages": []}', response_json='{"choices": []}',
+                     prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9], response_logprobs=[-0.5, -1.25],
+                     weight_version=3, usage=ev.Usage(prompt_tokens=3, completion_tokens=2), timings=timings,
+                     finish_reason="stop"),
+        ev.RolloutSealed(rollout_id=rollout_id, run_id=run_id, n_calls=1, sealed_at=T0),
+        ev.RewardReported(rollout_id=rollout_id, run_id=run_id, reward=1.0, source="harness", reported_at=T0),
+        ev.RolloutFinished(rollout_id=rollout_id, run_id=run_id, status="succeeded", duration_s=2.5, exit_code=0,
+                           reward=1.0, finished_at=T0),
+        ev.TaskGroup(group_id="g-1", run_id=run_id, task_id="t-1", group_size=2, created_at=T0,
+                     rollouts=[ev.RolloutSample(rollout_id=rollout_id, reward=1.0, status="succeeded",
+                                                segments=[segment])],
+                     dropped=[ev.DroppedRollout(rollout_id="r-2", status="timeout", reason="harness timed out")]),
+        ev.UpdateRequested(run_id=run_id, version=4, n_task_groups=8, requested_at=T0),
+        ev.GatewayDrained(run_id=run_id, version=4, gateway_id="gw-0", held_calls=2, drained_at=T0),
+        ev.WeightVersionPublished(run_id=run_id, version=4, checkpoint_path="/ckpt/4", published_at=T0),
+        ev.DeadLetter(topic="tether.calls", partition=3, offset=17, key=b"r-1", value=b"\x00garbage",
+                      reason="not an Avro single-object record", error_type="NotSingleObject", consumer="test",
+                      dead_at=T0),
+    ]
+
+
+def example(cls: type[E], run_id: str = "run-1", rollout_id: str = "r-1") -> E:
+    """The example of one type, typed as that type."""
+    (event,) = [e for e in examples(run_id, rollout_id) if isinstance(e, cls)]
+    return event
+
+
+# -- strategies ---------------------------------------------------------------
+
+ids = st.text(min_size=1, max_size=40)
+texts = st.text(max_size=200)
+int32 = st.integers(-(2**31), 2**31 - 1)
+nat32 = st.integers(0, 2**31 - 1)
+int64 = st.integers(-(2**63), 2**63 - 1)
+nat64 = st.integers(0, 2**63 - 1)
+doubles = st.floats(allow_nan=False)
+float32s = st.floats(allow_nan=False, width=32)
+token_ids = st.lists(nat32, max_size=300)
+stamps = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
+statuses = st.sampled_from(sorted(ROLLOUT_STATUSES))
+#: Large payloads without generating a megabyte character by character.
+near_megabyte = st.tuples(st.characters(), st.integers(900_000, 1_000_000)).map(lambda t: t[0] * t[1])
+
+
+@st.composite
+def model_calls(draw: st.DrawFn, big: bool = False) -> ev.ModelCall:
+    n = draw(st.integers(0, 300))
+    return ev.ModelCall(
+        call_id=draw(ids), rollout_id=draw(ids), run_id=draw(ids), seq=draw(nat32), api=draw(texts),
+        model=draw(texts), request_json=draw(near_megabyte if big else texts), response_json=draw(texts),
+        prompt_token_ids=draw(token_ids), response_token_ids=draw(st.lists(nat32, min_size=n, max_size=n)),
+        response_logprobs=draw(st.lists(float32s, min_size=n, max_size=n)), weight_version=draw(nat64),
+        usage=ev.Usage(prompt_tokens=draw(int32), completion_tokens=draw(int32)),
+        timings=ev.Timings(received_at=draw(stamps), finished_at=draw(stamps), queued_ms=draw(doubles),
+                           engine_ms=draw(doubles)),
+        status=draw(st.sampled_from(["ok", "error"])), http_status=draw(int32),
+        finish_reason=draw(st.none() | texts), error=draw(st.none() | texts),
+    )
+
+
+@st.composite
+def segments(draw: st.DrawFn) -> ev.Segment:
+    n = draw(st.integers(0, 200))
+    return ev.Segment(
+        token_ids=draw(st.lists(nat32, min_size=n, max_size=n)),
+        loss_mask=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+        logprobs=draw(st.lists(float32s, min_size=n, max_size=n)),
+        weight_versions=draw(st.lists(int64, min_size=n, max_size=n)),
+    )
+
+
+@st.composite
+def task_groups(draw: st.DrawFn) -> ev.TaskGroup:
+    rollouts = draw(st.lists(st.builds(ev.RolloutSample, rollout_id=ids, reward=doubles, status=statuses,
+                                       segments=st.lists(segments(), max_size=3), filled=st.booleans()),
+                             max_size=4))
+    dropped = draw(st.lists(st.builds(ev.DroppedRollout, rollout_id=ids, status=statuses, reason=texts), max_size=2))
+    return ev.TaskGroup(group_id=draw(ids), run_id=draw(ids), task_id=draw(ids),
+                        group_size=max(1, len(rollouts) + len(dropped)) + draw(st.integers(0, 3)),
+                        rollouts=rollouts, dropped=dropped, partial=draw(st.booleans()), created_at=draw(stamps))
+
+
+STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
+    ev.ModelCall: model_calls(),
+    ev.RolloutSealed: st.builds(ev.RolloutSealed, rollout_id=ids, run_id=ids, n_calls=nat32, sealed_at=stamps),
+    ev.RolloutStarted: st.builds(ev.RolloutStarted, rollout_id=ids, run_id=ids, group_id=ids, task_id=ids,
+                                 task_json=texts, group_size=st.integers(1, 2**31 - 1), runner=texts,
+                                 attempt=nat32, weight_version=int64, started_at=stamps),
+    ev.RewardReported: st.builds(ev.RewardReported, rollout_id=ids, run_id=ids, reward=doubles, source=ids,
+                                 details_json=st.none() | texts, reported_at=stamps),
+    ev.RolloutFinished: st.builds(ev.RolloutFinished, rollout_id=ids, run_id=ids, status=statuses,
+                                  duration_s=st.floats(min_value=0, allow_nan=False), exit_code=st.none() | int32,
+                                  reward=st.none() | doubles, reason=st.none() | texts, finished_at=stamps),
+    ev.TaskGroup: task_groups(),
+    ev.UpdateRequested: st.builds(ev.UpdateRequested, run_id=ids, version=st.integers(1, 2**63 - 1),
+                                  n_task_groups=int32, requested_at=stamps),
+    ev.GatewayDrained: st.builds(ev.GatewayDrained, run_id=ids, version=int64, gateway_id=ids, held_calls=int32,
+                                 drained_at=stamps),
+    ev.WeightVersionPublished: st.builds(ev.WeightVersionPublished, run_id=ids, version=nat64,
+                                         checkpoint_path=st.none() | texts, published_at=stamps),
+    ev.DeadLetter: st.builds(ev.DeadLetter, topic=texts, partition=int32, offset=int64, reason=texts,
+                             error_type=texts, consumer=texts, key=st.none() | st.binary(),
+                             value=st.none() | st.binary(max_size=2000), dead_at=stamps),
+}
+any_event: st.SearchStrategy[Event] = st.one_of(*STRATEGIES.values())

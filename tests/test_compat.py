@@ -1,0 +1,59 @@
+"""Backward compatibility: bytes written by every frozen schema version decode with today's reader."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+from fastavro import parse_schema, schemaless_writer
+
+from schemas.events import ModelCall
+from schemas.registry import AVSC_DIR, EVENT_TYPES, Registry, default_registry, load, to_avro
+from schemas.serde import MAGIC, decode, encode, to_jsonable
+from tests.factories import example
+
+FROZEN = Path(__file__).parent / "frozen"
+FROZEN_BYTES = sorted(FROZEN.glob("v*/*.bin"))
+
+
+def test_first_version_is_frozen_for_every_event() -> None:
+    assert {p.stem for p in (FROZEN / "v1").glob("*.bin")} == {cls.__name__ for cls in EVENT_TYPES}
+
+
+@pytest.mark.parametrize("path", FROZEN_BYTES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_frozen_bytes_decode_with_the_current_reader(path: Path) -> None:
+    event = decode(path.read_bytes())
+    assert type(event).__name__ == path.stem
+    expected = json.loads(path.with_suffix(".json").read_text())
+    now = to_jsonable(event)
+    # Fields written back then keep their values; fields added since take their defaults.
+    assert {k: now[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("path", sorted(FROZEN.glob("v*/*.avsc")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_frozen_schema_is_a_known_writer(path: Path) -> None:
+    assert load(path).fingerprint in default_registry().fingerprints()
+
+
+def test_an_older_writer_schema_resolves_against_the_current_reader(tmp_path: Path) -> None:
+    """The mechanism itself: a ModelCall schema from before `error` existed, kept in history/."""
+    avsc = tmp_path / "avsc"
+    shutil.copytree(AVSC_DIR, avsc, ignore=shutil.ignore_patterns("history"))
+    old = json.loads((AVSC_DIR / "ModelCall.avsc").read_text())
+    old["fields"] = [f for f in old["fields"] if f["name"] != "error"]
+    (avsc / "history").mkdir()
+    (avsc / "history" / "ModelCall.v0.avsc").write_text(json.dumps(old))
+    registry = Registry(avsc)
+
+    call = example(ModelCall)
+    datum = {k: v for k, v in to_avro(call).items() if k != "error"}
+    body = BytesIO()
+    schemaless_writer(body, parse_schema(old), datum)
+    old_bytes = MAGIC + load(avsc / "history" / "ModelCall.v0.avsc").fingerprint + body.getvalue()
+
+    decoded = decode(old_bytes, registry)
+    assert decoded == call  # `error` took its default, None
+    assert old_bytes != encode(call, registry)

@@ -1,0 +1,107 @@
+"""The broker launcher: prerequisites named in one line, PID-based lifecycle, readiness by metadata."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.errors import BrokerBusy, PortInUse, PrerequisiteMissing
+from infra.kafka.launcher import KafkaBroker, server_properties
+from infra.kafka.settings import BrokerSettings
+from tests.conftest import broker_settings, free_port
+
+TETHER = [sys.executable, "-m", "tether.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TETHER, *args], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=120)
+
+
+def test_config_is_single_node_kraft_on_loopback(tmp_path: Path) -> None:
+    settings = BrokerSettings(state_dir=tmp_path, port=19092, controller_port=19093)
+    props = dict(line.split("=", 1) for line in server_properties(settings, tmp_path / "data").splitlines() if line)
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["log.dirs"] == str((tmp_path / "data").resolve())
+    assert props["auto.create.topics.enable"] == "false"
+
+
+def test_missing_java_is_one_clear_line(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = run_cli("kafka", "up", env={"PATH": str(empty), "TETHER_KAFKA_STATE_DIR": str(tmp_path / "k"),
+                                       "TETHER_KAFKA_PORT": str(free_port()),
+                                       "TETHER_KAFKA_CONTROLLER_PORT": str(free_port())})
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == ["tether: Java 17+ is required to run Kafka, and `java` is not on PATH."]
+
+
+def test_missing_maven_is_named_when_jars_must_be_fetched(tmp_path: Path) -> None:
+    java_only = tmp_path / "bin"
+    java_only.mkdir()
+    java = subprocess.run(["which", "java"], capture_output=True, text=True).stdout.strip()
+    (java_only / "java").symlink_to(java)
+    broker = KafkaBroker(BrokerSettings(cache_dir=tmp_path / "cache", state_dir=tmp_path / "k"))
+    old = os.environ["PATH"]
+    os.environ["PATH"] = str(java_only)
+    try:
+        broker.check_java()
+        with pytest.raises(PrerequisiteMissing, match="Maven is required"):
+            broker.fetch()
+    finally:
+        os.environ["PATH"] = old
+
+
+def test_a_taken_port_is_reported(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        broker = KafkaBroker(BrokerSettings(state_dir=tmp_path, port=port, controller_port=free_port()))
+        with pytest.raises(PortInUse, match=str(port)):
+            broker.start()
+    assert broker.pid() is None
+
+
+def test_start_is_idempotent_and_status_reads_the_pid_file(broker: KafkaBroker) -> None:
+    pid = broker.pid()
+    assert pid is not None
+    assert broker.start() == pid
+    again = KafkaBroker(broker.settings)  # a later process finds it through the PID file
+    status = again.status()
+    assert (status.running, status.ready, status.pid) == (True, True, pid)
+    assert status.cluster_id == broker.probe()
+
+
+def test_running_data_cannot_be_wiped(broker: KafkaBroker) -> None:
+    with pytest.raises(BrokerBusy):
+        broker.wipe()
+
+
+def test_lifecycle_through_the_cli(tmp_path: Path) -> None:
+    settings = broker_settings(tmp_path / "k")
+    env = {"TETHER_KAFKA_STATE_DIR": str(settings.state_dir), "TETHER_KAFKA_PORT": str(settings.port),
+           "TETHER_KAFKA_CONTROLLER_PORT": str(settings.controller_port), "TETHER_KAFKA_HEAP": settings.heap,
+           "TETHER_BUS_BOOTSTRAP_SERVERS": settings.bootstrap}
+    assert run_cli("kafka", "status", env=env).returncode == 3
+    up = run_cli("kafka", "up", env=env)
+    assert up.returncode == 0, up.stderr
+    assert "ready on" in up.stderr
+    try:
+        assert run_cli("kafka", "status", env=env).returncode == 0
+        created = run_cli("topics", "create", env=env)
+        assert "tether.calls" in created.stderr
+        assert "All topics exist" in run_cli("topics", "create", env=env).stderr
+    finally:
+        down = run_cli("kafka", "down", env=env)
+    assert down.returncode == 0 and "stopped" in down.stderr
+    assert KafkaBroker(settings).pid() is None
+    assert run_cli("kafka", "wipe", env=env).returncode == 0
+    assert not (settings.state_dir / "data").exists()

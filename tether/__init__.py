@@ -1,0 +1,1 @@
+"""Tether's command line: one `tether` command fronting every service."""
