@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -62,3 +67,48 @@ async def producer(bus: BusSettings) -> AsyncIterator[EventProducer]:
 def run_id() -> str:
     """A fresh run id per test: tests share topics and filter by it."""
     return f"run-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's own tiny model, built once per session with the same command users run."""
+    from trainer.tiny_model import init_tiny
+
+    return init_tiny(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@dataclass(frozen=True)
+class RunningEngine:
+    url: str
+    model: str
+    process: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="session")
+def engine_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
+    """`tether engine serve` as its own process, on a free port."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("engine") / "engine.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(tiny_model), "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"engine exited with {process.returncode}; see {log.name}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        process.kill()
+        raise RuntimeError(f"engine did not become healthy; see {log.name}")
+    try:
+        yield RunningEngine(url, str(tiny_model), process)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -22,7 +23,11 @@ app = typer.Typer(
 kafka_app = typer.Typer(help="The local Apache Kafka broker (single node, KRaft).", no_args_is_help=True)
 topics_app = typer.Typer(help="The topic catalogue on the bus.", no_args_is_help=True)
 events_app = typer.Typer(help="Events on the bus, decoded.", no_args_is_help=True)
+engine_app = typer.Typer(help="The embedded inference engine (vLLM-compatible completions).", no_args_is_help=True)
+model_app = typer.Typer(help="Models: build the tiny one the tests and the demo use.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka", rich_help_panel="Services")
+app.add_typer(engine_app, name="engine", rich_help_panel="Services")
+app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
 
@@ -161,6 +166,47 @@ async def _tail(topic: Any, limit: int, idle_s: float) -> None:
             last = time.monotonic() if batch else last
             if idle_s and time.monotonic() - last > idle_s:
                 return
+
+
+@model_app.command("init-tiny")
+def model_init_tiny(
+    out: Annotated[Path, typer.Option(help="Directory to write the model to (Hugging Face format).")],
+    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
+) -> None:
+    """A tiny random Qwen2 model and a byte-level BPE tokenizer trained on a generated corpus."""
+    from trainer.tiny_model import init_tiny
+
+    with console.status(f"Building the tiny model (seed {seed})..."):
+        init_tiny(out, seed)
+    console.print(f"Tiny model written to {out}")
+
+
+@engine_app.command("serve")
+def engine_serve(
+    model: Annotated[str | None, typer.Option(help="Model directory or Hugging Face name.")] = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N.")] = None,
+) -> None:
+    """Serve a model on /v1/completions until interrupted."""
+    from pydantic import ValidationError
+
+    from trainer.engine.serve import serve
+    from trainer.engine.settings import EngineSettings
+
+    given = {"model": model, "host": host, "port": port, "device": device}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    try:
+        settings = EngineSettings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        console.print(f"[red]tether:[/red] {'.'.join(map(str, first['loc']))}: {first['msg']}")
+        raise typer.Exit(2) from exc
+    try:
+        serve(settings)
+    except OSError as exc:
+        console.print(f"[red]tether:[/red] cannot load model {settings.model!r}: {exc}".splitlines()[0])
+        raise typer.Exit(1) from exc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,151 @@
+"""The engine's pure parts: sampling distribution, incremental text with stops, the batched KV cache."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from trainer.engine.engine import Engine, Request
+from trainer.engine.kv_batch import KVBatch, cache_tensors
+from trainer.engine.sampling import SamplingParams, distribution, sample
+from trainer.engine.text import TextStream
+
+logit_rows = st.lists(st.floats(-20, 20), min_size=2, max_size=40)
+
+
+@given(logit_rows, st.floats(0.05, 3.0), st.floats(0.01, 1.0))
+def test_distribution_is_normalised_and_keeps_the_smallest_nucleus(row: list[float], t: float, p: float) -> None:
+    logits = torch.tensor([row])
+    logp = distribution(logits, torch.tensor([t]), torch.tensor([p]))[0]
+    assert math.isclose(float(logp.exp().sum()), 1.0, rel_tol=1e-4)
+    full = torch.softmax(logits[0] / t, dim=-1)
+    kept = torch.isfinite(logp)
+    assert float(full[kept].sum()) >= p - 1e-4  # the nucleus holds at least top_p of the mass
+    # ...and it is the smallest such set: every kept token is at least as likely as every dropped one.
+    if not bool(kept.all()):
+        assert float(full[kept].min()) >= float(full[~kept].max()) - 1e-6
+        assert torch.allclose(logp[kept].exp(), full[kept] / full[kept].sum(), atol=1e-5)
+
+
+@given(logit_rows, st.integers(0, 2**31 - 1))
+def test_sampled_tokens_lie_in_the_nucleus_and_report_their_logprob(row: list[float], seed: int) -> None:
+    logits = torch.tensor([row, row])
+    params = [SamplingParams(temperature=0.8, top_p=0.5, seed=seed), SamplingParams(temperature=0.0)]
+    out = sample(logits, params, [torch.Generator().manual_seed(seed), None])
+    logp = distribution(logits, torch.tensor([0.8, 0.0]), torch.tensor([0.5, 1.0]))
+    assert torch.isfinite(logp[0, out.tokens[0]])
+    assert float(out.logprobs[0]) == pytest.approx(float(logp[0, out.tokens[0]]))
+    assert int(out.tokens[1]) == int(torch.tensor(row).argmax())  # greedy
+    assert float(out.logprobs[1]) == pytest.approx(float(torch.log_softmax(torch.tensor(row), -1).max()))
+
+
+def test_seeded_rows_do_not_depend_on_their_batch() -> None:
+    torch.manual_seed(0)
+    row = torch.randn(1, 500)
+    alone = sample(row, [SamplingParams(seed=5)], [torch.Generator().manual_seed(5)]).tokens[0]
+    crowd = torch.cat([torch.randn(3, 500), row])
+    params = [SamplingParams()] * 3 + [SamplingParams(seed=5)]
+    batched = sample(crowd, params, [None, None, None, torch.Generator().manual_seed(5)]).tokens[3]
+    assert int(alone) == int(batched)
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(20000, 1)
+    tokens = sample(logits, [SamplingParams()] * 20000, [None] * 20000).tokens
+    freq = torch.bincount(tokens, minlength=3).float() / 20000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.02)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> object:
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@given(st.text(max_size=60))
+def test_text_stream_deltas_add_up_to_the_decoded_text(tokenizer: object, text: str) -> None:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+    stream, sent = TextStream(tokenizer, []), ""  # type: ignore[arg-type]
+    for i in ids:
+        stream.push(i)
+        sent += stream.delta()
+    stream.finish()
+    sent += stream.delta(final=True)
+    assert sent == stream.text == tokenizer.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+    assert "\ufffd" not in sent or "\ufffd" in text
+
+
+def test_stop_strings_are_cut_and_never_streamed(tokenizer: object) -> None:
+    ids = tokenizer("alpha beta STOP gamma", add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+    stream, sent = TextStream(tokenizer, ["STOP", "zzz"]), ""  # type: ignore[arg-type]
+    for i in ids:
+        stopped = stream.push(i)
+        sent += stream.delta(final=stopped)
+        assert "ST" not in sent or stopped
+        if stopped:
+            break
+    assert stopped and stream.stop_reason == "STOP"
+    assert sent == stream.text == "alpha beta "
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> PreTrainedModel:
+    loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    loaded.eval()
+    return loaded
+
+
+def test_rows_joining_and_leaving_compute_what_they_would_alone(model: PreTrainedModel) -> None:
+    prompts = [[5, 9, 200, 31, 7], [44], [8, 8, 8], [1000, 3, 2, 1, 9, 9, 12, 13]]
+    batch, fed = KVBatch(), []
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            out = model(input_ids=torch.tensor([prompt]), past_key_values=DynamicCache(), use_cache=True)
+            batch.add([(cache_tensors(out.past_key_values), len(prompt))])
+            fed.append(list(prompt))
+            if i == 2:
+                batch.keep([0, 2])  # the second sequence leaves mid-flight
+                fed.pop(1)
+            cache, mask, positions = batch.step_inputs(torch.device("cpu"))
+            step = torch.tensor([[17 + j] for j in range(len(fed))])
+            out = model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True)
+            batch.advance(out.past_key_values)
+            for j, seq in enumerate(fed):
+                seq.append(17 + j)
+                alone = model(input_ids=torch.tensor([seq])).logits[0, -1]
+                assert torch.allclose(out.logits[j, -1], alone, atol=1e-5)
+
+
+async def test_in_process_weight_updates_are_seen_under_the_new_version(tiny_model: Path) -> None:
+    """The collocated trainer shares the model object: it changes tensors in place while the engine is drained."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    engine = Engine(model, AutoTokenizer.from_pretrained(tiny_model), version=3)
+    engine.start()
+    try:
+        request = Request(prompt_ids=[4, 5, 6], max_tokens=8, sampling=SamplingParams(temperature=0),
+                          ignore_eos=True)
+
+        async def greedy() -> tuple[list[int], set[int]]:
+            tokens = [t async for t in engine.generate(request)]
+            return [t.token_id for t in tokens], {t.version for t in tokens}
+
+        before, v = await greedy()
+        assert v == {3}
+        held = asyncio.create_task(greedy())
+        async with engine.exclusive(new_version=4) as shared:
+            assert shared is model and engine.paused
+            await asyncio.sleep(0.2)
+            assert not held.done()  # queued, not rejected, while weights change
+            with torch.no_grad():
+                model.model.norm.weight.mul_(-1.0)
+        after, v = await held
+        assert v == {4} and after != before
+    finally:
+        engine.stop()

@@ -1,0 +1,126 @@
+"""HTTP surface of the engine: vLLM-compatible completions, models, health, and weight management."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from trainer.engine.engine import Engine
+from trainer.engine.errors import EngineError, ModelNotFound
+from trainer.engine.protocol import Choice, CompletionRequest, Responder, error_body
+
+
+class LoadWeights(BaseModel):
+    path: str
+    version: int = Field(ge=0)
+
+
+class SetVersion(BaseModel):
+    version: int = Field(ge=0)
+
+
+def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engine: bool = True) -> FastAPI:
+    """The app serves `engine` under `model_name`; with own_engine the app starts and stops it."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if own_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if own_engine:
+                engine.stop()
+
+    app = FastAPI(title="Tether engine", lifespan=lifespan)
+    tokenizer = engine.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode_one(token_id: int) -> str:
+        return str(tokenizer.decode([token_id]))
+
+    @app.exception_handler(EngineError)
+    async def engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        return JSONResponse(error_body(exc.message, exc.type, exc.status, exc.param), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+        if first.get("type") == "json_invalid":
+            ctx = first.get("ctx")
+            reason = ctx.get("error", first["msg"]) if isinstance(ctx, dict) else first["msg"]
+            message, field = f"malformed JSON body: {reason}", None
+        else:
+            field = ".".join(str(p) for p in first["loc"] if p != "body") or None
+            message = f"{field}: {first['msg']}" if field else str(first["msg"])
+        return JSONResponse(error_body(message, "BadRequestError", 400, field), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "weight_version": engine.version, "paused": engine.paused}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": 0, "owned_by": "tether", "root": model_name,
+            "max_model_len": engine.max_model_len,
+        }]}
+
+    @app.get("/v1/weights")
+    async def weights() -> dict[str, Any]:
+        return {"version": engine.version, "paused": engine.paused}
+
+    @app.post("/v1/weights/load")
+    async def load_weights(body: LoadWeights) -> dict[str, Any]:
+        await engine.load_checkpoint(body.path, body.version)
+        return {"version": engine.version}
+
+    @app.post("/v1/weights/version")
+    async def set_version(body: SetVersion) -> dict[str, Any]:
+        async with engine.exclusive(body.version):
+            pass
+        return {"version": engine.version}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
+        if body.model != model_name:
+            raise ModelNotFound(f"The model `{body.model}` does not exist.", "model")
+        prompt_ids = body.prompt_ids(encode)
+        request = body.to_engine(prompt_ids, max_logprobs, engine.max_model_len)
+        engine.check(request)
+        responder = Responder(body, model_name, prompt_ids, decode_one)
+        tokens = engine.generate(request)
+        if body.stream:
+            return StreamingResponse(_stream(responder, tokens, body), media_type="text/event-stream")
+        choices = {i: Choice(i) for i in range(request.n)}
+        async for token in tokens:
+            responder.version = token.version
+            choices[token.index].add(token, decode_one)
+        return JSONResponse(responder.body(list(choices.values())),
+                            headers={"x-tether-weight-version": str(responder.version)})
+
+    return app
+
+
+async def _stream(responder: Responder, tokens: AsyncIterator[Any], body: CompletionRequest) -> AsyncIterator[str]:
+    started: set[int] = set()
+    try:
+        async for token in tokens:
+            responder.version = token.version
+            yield f"data: {json.dumps(responder.chunk(token, token.index not in started))}\n\n"
+            started.add(token.index)
+    except EngineError as exc:
+        yield f"data: {json.dumps(error_body(exc.message, exc.type, exc.status, exc.param))}\n\n"
+        return
+    if body.stream_options is not None and body.stream_options.include_usage:
+        yield f"data: {json.dumps(responder.usage_chunk())}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,327 @@
+"""The engine loop: admit requests, prefill, decode every running sequence together, one token per step.
+
+One thread owns the model while serving. New requests join the running batch
+between steps (continuous batching), so a long request never holds a short
+one. A weight change first drains: admission stops, running sequences finish
+on the old weights, the change happens, the version moves, admission resumes.
+Every sequence is admitted, prefilled and decoded under one version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from trainer.engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
+from trainer.engine.kv_batch import KVBatch, cache_tensors
+from trainer.engine.sampling import SamplingParams, sample
+from trainer.engine.text import TextStream
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion request, already validated against the protocol; n choices share the prompt."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    n: int = 1
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token of one choice, as the protocol layer needs it."""
+
+    index: int
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    text_offset: int
+    delta: str
+    version: int
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(eq=False)
+class _Submission:
+    request: Request
+    queue: asyncio.Queue[Token | BaseException]
+    loop: asyncio.AbstractEventLoop
+    version: int = -1
+    cancelled: bool = False
+
+    def put(self, item: Token | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def _deliver(batch: list[tuple[_Submission, Token]]) -> None:
+    for submission, token in batch:
+        submission.queue.put_nowait(token)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    submission: _Submission
+    index: int
+    text: TextStream
+    generator: torch.Generator | None
+    next_token: int = -1
+    generated: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        max_batch: int = 64,
+        max_model_len: int | None = None,
+        version: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_model_len = max_model_len or int(model.config.max_position_embeddings)
+        self.max_batch = max_batch
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.version = version
+        self._pending: deque[_Submission] = deque()
+        self._running: list[_Sequence] = []
+        self._kv = KVBatch()
+        self._cond = threading.Condition()
+        self._admitting = True
+        self._idle = threading.Event()
+        self._stopping = False
+        self._update_lock = asyncio.Lock()
+        self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    @property
+    def paused(self) -> bool:
+        return not self._admitting
+
+    # -- requests --------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Refuse what cannot be served, before anything is queued."""
+        if not request.prompt_ids:
+            raise InvalidRequest("prompt must not be empty", "prompt")
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(f"token ids out of vocabulary (size {self.vocab_size}): {bad[:5]}", "prompt")
+        wanted = len(request.prompt_ids) + request.max_tokens
+        if wanted > self.max_model_len:
+            raise ContextOverflow(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{wanted} tokens ({len(request.prompt_ids)} in the prompt, {request.max_tokens} in the completion).",
+                "max_tokens",
+            )
+
+    async def generate(self, request: Request) -> AsyncIterator[Token]:
+        """Tokens of all n choices as they are produced; the weight version is known after the first."""
+        self.check(request)
+        submission = _Submission(request, asyncio.Queue(), asyncio.get_running_loop())
+        with self._cond:
+            if self._stopping:
+                raise EngineUnavailable("the engine is shutting down")
+            self._pending.append(submission)
+            self._cond.notify_all()
+        finished = 0
+        try:
+            while finished < request.n:
+                item = await submission.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished += item.finish_reason is not None
+                yield item
+        finally:
+            submission.cancelled = True
+
+    # -- weights -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, new_version: int | None = None) -> AsyncIterator[PreTrainedModel]:
+        """Drain, then hand out the model for a weight change; on exit set the version and resume admission."""
+        async with self._update_lock:
+            with self._cond:
+                self._admitting = False
+                self._idle.clear()
+                self._cond.notify_all()
+            await asyncio.to_thread(self._idle.wait)
+            try:
+                yield self.model
+            finally:
+                with self._cond:
+                    if new_version is not None:
+                        self.version = new_version
+                    self._admitting = True
+                    self._cond.notify_all()
+
+    async def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
+        async with self.exclusive(version) as model:
+            model.load_state_dict(state, strict=False)
+
+    async def load_checkpoint(self, path: str, version: int) -> None:
+        state = await asyncio.to_thread(_read_safetensors, Path(path), str(self.device))
+        missing = set(self.model.state_dict()) - set(state) - _tied_names(self.model)
+        if missing:
+            raise InvalidRequest(f"checkpoint {path} lacks {sorted(missing)[:3]}...", "path")
+        await self.load_state_dict(state, version)
+
+    # -- the loop (engine thread) ------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._running and not (self._pending and self._admitting):
+                    self._idle.set()
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                admitted = self._admit()
+            try:
+                with torch.inference_mode():
+                    self._prefill(admitted)
+                    if self._running:
+                        self._decode()
+            except Exception as exc:  # a failing step fails its requests, never the engine
+                for seq in [*self._running, *(s for s in admitted if s not in self._running)]:
+                    seq.submission.put(EngineUnavailable(f"generation failed: {exc!r}"))
+                self._running, self._kv = [], KVBatch()
+        for seq in self._running:
+            seq.submission.put(EngineUnavailable("the engine stopped"))
+        for sub in self._pending:
+            sub.put(EngineUnavailable("the engine stopped"))
+
+    def _admit(self) -> list[_Sequence]:
+        admitted: list[_Sequence] = []
+        while self._admitting and self._pending:
+            sub = self._pending[0]
+            if sub.cancelled:
+                self._pending.popleft()
+                continue
+            if len(self._running) + len(admitted) + sub.request.n > self.max_batch and (self._running or admitted):
+                break
+            self._pending.popleft()
+            sub.version = self.version
+            params = sub.request.sampling
+            for i in range(sub.request.n):
+                generator = None
+                if params.seed is not None:
+                    generator = torch.Generator().manual_seed(params.seed + i)
+                admitted.append(_Sequence(sub, i, TextStream(self.tokenizer, sub.request.stop), generator))
+        if admitted:
+            self._idle.clear()
+        return admitted
+
+    def _prefill(self, admitted: list[_Sequence]) -> None:
+        """Prompts of equal length share one forward pass (no padding needed); the others go alone."""
+        by_length: dict[int, list[_Sequence]] = {}
+        for seq in admitted:
+            by_length.setdefault(len(seq.submission.request.prompt_ids), []).append(seq)
+        for length, group in by_length.items():
+            ids = torch.tensor([s.submission.request.prompt_ids for s in group], device=self.device)
+            out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
+            kv = cache_tensors(out.past_key_values)
+            self._running += group
+            self._emit(group, out.logits[:, -1, :])
+            alive = set(map(id, self._running))  # a sequence can finish on its first token
+            self._kv.add([([(k[i:i + 1], v[i:i + 1]) for k, v in kv], length)
+                          for i, s in enumerate(group) if id(s) in alive])
+
+    def _decode(self) -> None:
+        cache, mask, positions = self._kv.step_inputs(self.device)
+        tokens = torch.tensor([[seq.next_token] for seq in self._running], device=self.device)
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True)
+        self._kv.advance(out.past_key_values)
+        before = list(self._running)
+        self._emit(before, out.logits[:, -1, :])
+        if len(self._running) != len(before):
+            keep = set(map(id, self._running))
+            self._kv.keep([i for i, seq in enumerate(before) if id(seq) in keep])
+
+    def _emit(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
+        """Sample one token per sequence, send it, and retire the sequences that finished."""
+        sampled = sample(logits, [s.submission.request.sampling for s in seqs], [s.generator for s in seqs])
+        tokens, logprobs = sampled.tokens.tolist(), sampled.logprobs.tolist()
+        top_ids, top_lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()
+        done: set[int] = set()
+        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Submission, Token]]] = {}
+        for row, seq in enumerate(seqs):
+            request = seq.submission.request
+            token = tokens[row]
+            seq.next_token, seq.generated = token, seq.generated + 1
+            offset = len(seq.text.text)
+            stopped_by_text = seq.text.push(token)
+            finish: str | None = None
+            stop_reason: str | int | None = None
+            if stopped_by_text:
+                finish, stop_reason = "stop", seq.text.stop_reason
+            elif token in request.stop_token_ids or (token in self.eos_ids and not request.ignore_eos):
+                finish, stop_reason = "stop", (token if token in request.stop_token_ids else None)
+            elif seq.generated >= request.max_tokens or len(request.prompt_ids) + seq.generated >= self.max_model_len:
+                finish = "length"
+            if finish is not None:
+                seq.text.finish()
+            k = request.sampling.top_logprobs
+            outbox.setdefault(seq.submission.loop, []).append((seq.submission, Token(
+                index=seq.index, token_id=token, logprob=logprobs[row],
+                top=list(zip(top_ids[row][:k], top_lps[row][:k], strict=True)), text_offset=offset,
+                delta=seq.text.delta(final=finish is not None), version=seq.submission.version, finish_reason=finish,
+                stop_reason=stop_reason,
+            )))
+            if finish is not None or seq.submission.cancelled:
+                done.add(id(seq))
+        for loop, batch in outbox.items():  # one wake-up per event loop and step, not one per token
+            loop.call_soon_threadsafe(_deliver, batch)
+        if done:
+            self._running = [s for s in self._running if id(s) not in done]
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _tied_names(model: PreTrainedModel) -> set[str]:
+    return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+
+
+def _read_safetensors(path: Path, device: str) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise InvalidRequest(f"no *.safetensors files in {path}", "path")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f, device=device))
+    return state

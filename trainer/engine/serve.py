@@ -1,0 +1,38 @@
+"""Run the engine server for one model: `tether engine serve`."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import uvicorn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trainer.engine.app import create_app
+from trainer.engine.engine import Engine
+from trainer.engine.settings import EngineSettings
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_engine(settings: EngineSettings) -> Engine:
+    """The same code takes the tiny model's directory or a Hugging Face model name."""
+    device = pick_device(settings.device)
+    if device.type == "cpu":
+        # Decode steps of a small model do not scale across cores, while the HTTP thread needs one.
+        torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 2) - 1))
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    model = AutoModelForCausalLM.from_pretrained(settings.model, dtype=getattr(torch, settings.dtype))
+    model.to(device)  # type: ignore[arg-type]  # transformers' typing of .to rejects a device
+    return Engine(model, tokenizer, max_batch=settings.max_batch, max_model_len=settings.max_model_len,
+                  version=settings.weight_version)
+
+
+def serve(settings: EngineSettings) -> None:
+    engine = load_engine(settings)
+    app = create_app(engine, settings.served_model_name or settings.model, settings.max_logprobs)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

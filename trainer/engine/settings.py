@@ -1,0 +1,24 @@
+"""How the engine process serves its model; read once from TETHER_ENGINE_* variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TETHER_ENGINE_", frozen=True)
+
+    model: str = Field(".tether/models/tiny", description="Hugging Face model name or local directory.")
+    served_model_name: str | None = Field(None, description="Name clients use; defaults to the model argument.")
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=1, le=65535)
+    device: str = Field("auto", description="auto (cuda when available), cpu, cuda, cuda:N.")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
+    max_batch: int = Field(64, ge=1, description="Sequences decoded together in one step.")
+    max_model_len: int | None = Field(None, ge=16, description="Context limit; defaults to the model config's.")
+    max_logprobs: int = Field(20, ge=0)
+    weight_version: int = Field(0, ge=0, description="Version of the weights the engine starts with.")
+    torch_threads: int | None = Field(
+        None, ge=1, description="CPU threads for torch; default leaves one core to the HTTP server and others."
+    )
