@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import socket
 import tempfile
 import time
@@ -30,7 +31,7 @@ from infra.kafka.settings import BrokerSettings
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
-from schemas.events import ModelCall, Timings, Usage
+from schemas.events import ModelCall, Sampling, Timings, Usage
 from schemas.producer import EventProducer
 from schemas.serde import decode, encode
 from schemas.settings import BusSettings
@@ -72,12 +73,14 @@ def realistic_call(rng: random.Random, run_id: str, i: int) -> ModelCall:
                 "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": RESPONSE_TOKENS}}
     now = datetime.now(UTC)
     return ModelCall(
-        call_id=f"{run_id}-{i}", rollout_id=f"{run_id}-r{i // 8}", run_id=run_id, seq=i % 8, api="openai.chat",
+        call_id=f"{run_id}-{i}", rollout_id=f"{run_id}-r{i // 8}", run_id=run_id, gateway_id="gw-0", seq=i % 8,
+        api="openai.chat",
         model="tiny", request_json=json.dumps(request), response_json=json.dumps(response),
         prompt_token_ids=[rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)],
         response_token_ids=[rng.randrange(VOCAB) for _ in range(RESPONSE_TOKENS)],
         response_logprobs=[-rng.expovariate(2.0) for _ in range(RESPONSE_TOKENS)],
-        weight_version=3, usage=Usage(prompt_tokens=PROMPT_TOKENS, completion_tokens=RESPONSE_TOKENS),
+        weight_version=3, sampling=Sampling(temperature=1.0, top_p=1.0, max_tokens=512),
+        usage=Usage(prompt_tokens=PROMPT_TOKENS, completion_tokens=RESPONSE_TOKENS),
         timings=Timings(received_at=now, finished_at=now, queued_ms=0.0, engine_ms=250.0), finish_reason="stop",
     )
 
@@ -189,7 +192,7 @@ def main() -> None:
         calls = [realistic_call(rng, run_id, i) for i in range(args.events)]
     event_bytes = sum(len(encode(c)) for c in calls[:50]) / min(50, len(calls))
 
-    broker = None
+    broker, state = None, None
     if args.bootstrap:
         bus = BusSettings(bootstrap_servers=args.bootstrap)
     else:
@@ -203,6 +206,8 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
+        if state is not None:
+            shutil.rmtree(state, ignore_errors=True)
     report(stages, event_bytes, args.out)
 
 

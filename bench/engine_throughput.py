@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,12 +68,13 @@ def main() -> None:
     if args.tokens < 1 or args.rounds < 1:
         parser.error("--tokens and --rounds must be at least 1")
 
-    model = args.model
+    model, scratch = args.model, None
     if model is None:
         from trainer.tiny_model import init_tiny
 
+        scratch = Path(tempfile.mkdtemp(prefix="tether-tiny-"))
         with console.status("building the tiny model..."):
-            model = init_tiny(Path(tempfile.mkdtemp(prefix="tether-tiny-")) / "tiny")
+            model = init_tiny(scratch / "tiny")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model),
@@ -97,6 +99,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     table = Table(title=f"Embedded engine, tiny model, {args.tokens} tokens per request")
     for column in ("concurrent requests", "tokens/s", "vs sequential"):

@@ -14,20 +14,20 @@ class InfraError(Exception):
 
 
 class PrerequisiteMissing(InfraError):
-    pass
+    """A system tool is absent or too old."""
 
 
 class FetchFailed(InfraError):
-    pass
+    """Maven failed; the message carries its last lines."""
 
 
 class PortInUse(InfraError):
-    pass
+    """Starting would fail on a port held by someone else."""
 
 
 class BrokerStartFailed(InfraError):
-    pass
+    """The broker died, never answered, or answered as another cluster."""
 
 
 class BrokerBusy(InfraError):
-    pass
+    """The broker must be stopped first."""

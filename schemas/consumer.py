@@ -1,20 +1,36 @@
-"""Reading events: decoded records in, bad bytes out to tether.deadletter, never a crash loop."""
+"""Reading events: decoded records in, rejected records out to tether.deadletter, never a crash loop.
+
+A record is rejected when its bytes do not decode, or when it decodes to an
+event that does not belong on its topic. The rejected record is published to
+tether.deadletter, and acknowledged there, before the consumer moves past it.
+If that publish fails, the consumer seeks back so that nothing unhandled is
+skipped, and the error reaches the caller.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Protocol, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from schemas.errors import DecodeError, DeliveryError
 from schemas.events import DeadLetter, Event
-from schemas.producer import EventProducer
+from schemas.producer import Delivery
 from schemas.serde import decode
 from schemas.settings import BusSettings
-from schemas.topics import Topic
+from schemas.topics import BY_NAME, Topic
+
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
+
+
+class DeadLetterSink(Protocol):
+    """Where rejected records go: an EventProducer in production."""
+
+    async def publish(self, event: Event) -> Delivery: ...
 
 
 @dataclass(frozen=True)
@@ -27,17 +43,13 @@ class Received:
 
 
 class EventConsumer:
-    """Async iterator of `Received` events over some topics of the catalogue.
-
-    A record that does not decode is published to tether.deadletter (and
-    acknowledged there) before the consumer moves past it.
-    """
+    """Async iterator of `Received` events over some topics of the catalogue."""
 
     def __init__(
         self,
         settings: BusSettings,
         topics: Sequence[Topic],
-        deadletters: EventProducer,
+        deadletters: DeadLetterSink,
         group_id: str | None = None,
         from_beginning: bool = True,
         name: str | None = None,
@@ -52,8 +64,8 @@ class EventConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",
             isolation_level="read_committed",
-            max_partition_fetch_bytes=settings.max_message_bytes,
-            fetch_max_bytes=4 * settings.max_message_bytes,
+            max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+            fetch_max_bytes=max(settings.max_request_bytes, 8 * settings.max_partition_fetch_bytes),
             request_timeout_ms=max(settings.request_timeout_ms, 40_000),
         )
         self.dead_lettered = 0
@@ -77,11 +89,24 @@ class EventConsumer:
         await self.stop()
 
     async def commit(self) -> None:
+        """Commit the positions past everything yielded so far (group consumers only)."""
         await self._consumer.commit()
+
+    async def end_offsets(self) -> dict[TopicPartition, int]:
+        """Current end of every assigned partition: where a reader that wants 'everything so far' stops."""
+        return dict(await self._consumer.end_offsets(list(self._consumer.assignment())))
+
+    async def position(self, partition: TopicPartition) -> int:
+        """Offset of the next record this consumer will read from `partition`."""
+        return int(await self._consumer.position(partition))
 
     async def __aiter__(self) -> AsyncIterator[Received]:
         async for record in self._consumer:
-            received = await self._accept(record)
+            try:
+                received = await self._accept(record)
+            except BaseException:
+                self._consumer.seek(TopicPartition(record.topic, record.partition), record.offset)
+                raise
             if received is not None:
                 yield received
 
@@ -89,30 +114,35 @@ class EventConsumer:
         """Like iteration, but a batch per fetch (possibly empty), so callers can stop on idleness."""
         while True:
             fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-            batch = []
-            for records in fetched.values():
-                for record in records:
-                    received = await self._accept(record)
-                    if received is not None:
-                        batch.append(received)
+            batch: list[Received] = []
+            try:
+                for records in fetched.values():
+                    for record in records:
+                        received = await self._accept(record)
+                        if received is not None:
+                            batch.append(received)
+            except BaseException:
+                # Nothing of this fetch reached the caller: rewind so all of it is read again.
+                for tp, records in fetched.items():
+                    self._consumer.seek(tp, records[0].offset)
+                raise
             yield batch
 
-    async def _accept(self, record: ConsumerRecord[bytes, bytes]) -> Received | None:
+    async def _accept(self, record: Record) -> Received | None:
         try:
             event = decode(record.value or b"")
         except DecodeError as exc:
-            await self._deadletters.publish(
-                DeadLetter(
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    key=record.key,
-                    value=record.value,
-                    reason=str(exc),
-                    error_type=type(exc).__name__,
-                    consumer=self._name,
-                )
-            )
-            self.dead_lettered += 1
+            await self._reject(record, str(exc), type(exc).__name__)
+            return None
+        topic = BY_NAME.get(record.topic)
+        if topic is not None and type(event) not in topic.events:
+            await self._reject(record, f"{type(event).__name__} does not belong on {record.topic}", "WrongTopic")
             return None
         return Received(event, record.topic, record.partition, record.offset, record.key)
+
+    async def _reject(self, record: Record, reason: str, error_type: str) -> None:
+        await self._deadletters.publish(DeadLetter(
+            topic=record.topic, partition=record.partition, offset=record.offset, key=record.key,
+            value=record.value, reason=reason, error_type=error_type, consumer=self._name,
+        ))
+        self.dead_lettered += 1

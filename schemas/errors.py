@@ -7,7 +7,8 @@
     │   ├── NotSingleObject the bytes do not start with Avro's single-object marker
     │   ├── UnknownSchema   the writer fingerprint matches no schema this reader knows
     │   └── CorruptRecord   the body does not match its writer schema, or decodes to an invalid event
-    ├── DeliveryError       Kafka did not acknowledge an event: it was not stored
+    ├── SchemaError         the schema folder and the event classes disagree (a programming error)
+    ├── DeliveryError       Kafka did not acknowledge an event in time: never report it as stored
     └── TopicSetupError     topics could not be created, or exist with another shape
 """
 
@@ -40,8 +41,13 @@ class CorruptRecord(DecodeError):
     """The body does not decode with its writer schema, or decodes to an invalid event."""
 
 
+class SchemaError(BusError):
+    """The .avsc files and schemas.events do not match."""
+
+
 class DeliveryError(BusError):
-    """Kafka did not acknowledge the event, so the caller must not report success."""
+    """No acknowledgement in time. The caller must not report success; the event may still be stored later
+    (the producer keeps retrying it), so readers trust only what a later event, such as RolloutSealed, lists."""
 
 
 class TopicSetupError(BusError):

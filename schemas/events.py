@@ -8,6 +8,7 @@ decoded (it goes to the dead-letter topic instead).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -55,10 +56,19 @@ class Timings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelCall:
     call_id: str
     rollout_id: str
     run_id: str
+    gateway_id: str
     seq: int
     api: str
     model: str
@@ -68,16 +78,19 @@ class ModelCall:
     response_token_ids: list[int]
     response_logprobs: list[float]
     weight_version: int
+    sampling: Sampling
     usage: Usage
     timings: Timings
+    choice_index: int = 0
     status: str = "ok"
     http_status: int = 200
     finish_reason: str | None = None
     error: str | None = None
 
     def __post_init__(self) -> None:
-        _require_ids(self, "call_id", "rollout_id", "run_id")
+        _require_ids(self, "call_id", "rollout_id", "run_id", "gateway_id")
         _require(self.seq >= 0, self, f"seq must be >= 0, got {self.seq}")
+        _require(self.choice_index >= 0, self, "choice_index must be >= 0")
         _require(self.weight_version >= 0, self, "weight_version must be >= 0")
         _require(self.status in CALL_STATUSES, self, f"status must be one of {sorted(CALL_STATUSES)}")
         _require(
@@ -91,12 +104,16 @@ class ModelCall:
 class RolloutSealed:
     rollout_id: str
     run_id: str
-    n_calls: int
+    call_ids: list[str]
     sealed_at: datetime = field(default_factory=utcnow)
+
+    @property
+    def n_calls(self) -> int:
+        return len(self.call_ids)
 
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id", "run_id")
-        _require(self.n_calls >= 0, self, "n_calls must be >= 0")
+        _require(len(set(self.call_ids)) == len(self.call_ids), self, "call_ids must be distinct")
         _require_aware(self, "sealed_at")
 
 
@@ -110,6 +127,7 @@ class RolloutStarted:
     group_size: int
     runner: str = "local"
     attempt: int = 0
+    retry_of: str | None = None
     weight_version: int = 0
     started_at: datetime = field(default_factory=utcnow)
 
@@ -131,7 +149,7 @@ class RewardReported:
 
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id", "run_id", "source")
-        _require(self.reward == self.reward, self, "reward must not be NaN")
+        _require(math.isfinite(self.reward), self, "reward must be finite")
         _require_aware(self, "reported_at")
 
 
@@ -150,6 +168,7 @@ class RolloutFinished:
         _require_ids(self, "rollout_id", "run_id")
         _require(self.status in ROLLOUT_STATUSES, self, f"status must be one of {sorted(ROLLOUT_STATUSES)}")
         _require(self.duration_s >= 0, self, "duration_s must be >= 0")
+        _require(self.reward is None or math.isfinite(self.reward), self, "reward must be finite")
         _require_aware(self, "finished_at")
 
 
@@ -179,6 +198,7 @@ class RolloutSample:
 
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id")
+        _require(math.isfinite(self.reward), self, "reward must be finite")
         _require(self.status in ROLLOUT_STATUSES, self, f"status must be one of {sorted(ROLLOUT_STATUSES)}")
 
 
@@ -251,6 +271,42 @@ class WeightVersionPublished:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateAborted:
+    run_id: str
+    version: int
+    reason: str
+    aborted_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id")
+        _require_aware(self, "aborted_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayJoined:
+    run_id: str
+    gateway_id: str
+    url: str
+    joined_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id", "gateway_id")
+        _require_aware(self, "joined_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayLeft:
+    run_id: str
+    gateway_id: str
+    reason: str
+    left_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id", "gateway_id")
+        _require_aware(self, "left_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter:
     topic: str
     partition: int
@@ -273,5 +329,8 @@ Event = (
     | UpdateRequested
     | GatewayDrained
     | WeightVersionPublished
+    | UpdateAborted
+    | GatewayJoined
+    | GatewayLeft
     | DeadLetter
 )

@@ -38,7 +38,7 @@ class EventProducer:
             enable_idempotence=True,
             linger_ms=settings.linger_ms,
             compression_type=settings.compression_type,
-            max_request_size=settings.max_message_bytes,
+            max_request_size=settings.max_request_bytes,
             request_timeout_ms=settings.request_timeout_ms,
         )
 
@@ -66,7 +66,7 @@ class EventProducer:
         return delivery
 
     async def publish_many(self, batch: Sequence[Event]) -> list[Delivery]:
-        """Send all, then wait for every acknowledgement; any failure fails the whole call."""
+        """Send all, then wait for every acknowledgement. Not atomic: on DeliveryError some may be stored."""
         return await self.send_many([(topic_for(e).name, key_for(e), encode(e)) for e in batch])
 
     async def send_many(self, records: Sequence[tuple[str, bytes | None, bytes]]) -> list[Delivery]:

@@ -14,16 +14,21 @@ from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from schemas.errors import CorruptRecord, EncodeError, InvalidEvent, NotSingleObject
+from schemas.errors import CorruptRecord, EncodeError, InvalidEvent, NotSingleObject, SchemaError
 from schemas.events import Event
-from schemas.registry import Registry, default_registry, from_avro, to_avro
+from schemas.mapper import from_avro, to_avro
+from schemas.registry import Registry, default_registry
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = len(MAGIC) + 8
 
 
 def encode(event: Event, registry: Registry | None = None) -> bytes:
-    schema = (registry or default_registry()).current(type(event))
+    """The event's single-object bytes, with its class's current schema."""
+    try:
+        schema = (registry or default_registry()).current(type(event))
+    except SchemaError as exc:
+        raise EncodeError(str(exc)) from exc
     out = BytesIO()
     out.write(MAGIC)
     out.write(schema.fingerprint)
@@ -68,6 +73,7 @@ def _check_ranges(schema: Any, datum: Any) -> None:
 
 
 def decode(data: bytes, registry: Registry | None = None) -> Event:
+    """The event in `data`, read with its writer schema and resolved to the current class; DecodeError if not."""
     registry = registry or default_registry()
     if len(data) < HEADER_SIZE or data[:2] != MAGIC:
         raise NotSingleObject(f"not an Avro single-object record (starts with {data[:2].hex() or 'nothing'})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.topics import MAX_MESSAGE_BYTES
+from schemas.topics import DEADLETTER
 
 
 class BusSettings(BaseSettings):
@@ -18,4 +18,9 @@ class BusSettings(BaseSettings):
     delivery_timeout_s: float = Field(120.0, gt=0, description="How long a publish may wait for its acknowledgement.")
     linger_ms: int = Field(2, ge=0)
     compression_type: str | None = Field(None, description="gzip, snappy, lz4 or zstd; the codec must be installed.")
-    max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
+    max_request_bytes: int = Field(
+        DEADLETTER.max_bytes + 64 * 1024, ge=1024, description="Client-side cap; each topic has its own limit."
+    )
+    max_partition_fetch_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Per partition and fetch; a larger record still comes whole."
+    )

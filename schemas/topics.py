@@ -7,14 +7,14 @@ rebuilds everything else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiokafka.partitioner import murmur2
 
 from schemas import events
 from schemas.events import Event
 
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -24,34 +24,38 @@ class Topic:
     partitions: int
     events: tuple[type, ...]
     doc: str
-    config: dict[str, str] = field(default_factory=dict)
+    max_bytes: int
+    retention_ms: int = -1  # forever: replay rebuilds everything from these logs
 
+    @property
+    def config(self) -> dict[str, str]:
+        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms),
+                "max.message.bytes": str(self.max_bytes)}
 
-_LOG = {"cleanup.policy": "delete", "retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
 
 CALLS = Topic(
     "tether.calls", "rollout_id", 8, (events.ModelCall, events.RolloutSealed),
-    "every model call, then RolloutSealed after a rollout's last one", _LOG,
+    "every model call, then RolloutSealed after a rollout's last one", max_bytes=8 * MiB,
 )
 ROLLOUTS = Topic(
-    "tether.rollouts", "rollout_id", 8,
-    (events.RolloutStarted, events.RewardReported, events.RolloutFinished),
-    "rollout lifecycle from the controller, rewards from harnesses", _LOG,
+    "tether.rollouts", "rollout_id", 8, (events.RolloutStarted, events.RewardReported, events.RolloutFinished),
+    "rollout lifecycle from the controller, rewards from harnesses", max_bytes=1 * MiB,
 )
 SAMPLES = Topic(
     "tether.samples", "group_id", 4, (events.TaskGroup,),
-    "task groups assembled by the stream processors", _LOG,
+    "task groups assembled by the stream processors", max_bytes=32 * MiB,
 )
 CONTROL = Topic(
     "tether.control", "run_id", 1,
-    (events.UpdateRequested, events.GatewayDrained, events.WeightVersionPublished),
-    "trainer/gateway update handshake, in one total order", _LOG,
+    (events.UpdateRequested, events.GatewayDrained, events.WeightVersionPublished, events.UpdateAborted,
+     events.GatewayJoined, events.GatewayLeft),
+    "trainer/gateway update handshake and gateway membership, in one total order", max_bytes=1 * MiB,
 )
 DEADLETTER = Topic(
     "tether.deadletter", "key", 1, (events.DeadLetter,),
     "records no reader could accept, with the reason",
-    {"cleanup.policy": "delete", "retention.ms": str(30 * 24 * 3600 * 1000),
-     "max.message.bytes": str(2 * MAX_MESSAGE_BYTES)},
+    max_bytes=SAMPLES.max_bytes + 1 * MiB,  # holds the largest record of any topic, whole
+    retention_ms=30 * 24 * 3600 * 1000,
 )
 
 CATALOGUE: tuple[Topic, ...] = (CALLS, ROLLOUTS, SAMPLES, CONTROL, DEADLETTER)

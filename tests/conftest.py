@@ -43,8 +43,8 @@ def broker_settings(state_dir: Path) -> BrokerSettings:
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     kafka = KafkaBroker(broker_settings(tmp_path_factory.mktemp("kafka")))
-    kafka.start()
     try:
+        kafka.start()
         yield kafka
     finally:
         kafka.stop()

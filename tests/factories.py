@@ -22,12 +22,13 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
     return [
         ev.RolloutStarted(rollout_id=rollout_id, run_id=run_id, group_id="g-1", task_id="t-1",
                           task_json='{"q": "2+2"}', group_size=4, started_at=T0),
-        ev.ModelCall(call_id=f"{rollout_id}-c0", rollout_id=rollout_id, run_id=run_id, seq=0, api="openai.chat",
-                     model="tiny", request_json='{"messages": []}', response_json='{"choices": []}',
-                     prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9], response_logprobs=[-0.5, -1.25],
-                     weight_version=3, usage=ev.Usage(prompt_tokens=3, completion_tokens=2), timings=timings,
-                     finish_reason="stop"),
-        ev.RolloutSealed(rollout_id=rollout_id, run_id=run_id, n_calls=1, sealed_at=T0),
+        ev.ModelCall(call_id=f"{rollout_id}-c0", rollout_id=rollout_id, run_id=run_id, gateway_id="gw-0", seq=0,
+                     api="openai.chat", model="tiny", request_json='{"messages": []}',
+                     response_json='{"choices": []}', prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9],
+                     response_logprobs=[-0.5, -1.25], weight_version=3,
+                     sampling=ev.Sampling(temperature=1.0, top_p=1.0, max_tokens=64, seed=None),
+                     usage=ev.Usage(prompt_tokens=3, completion_tokens=2), timings=timings, finish_reason="stop"),
+        ev.RolloutSealed(rollout_id=rollout_id, run_id=run_id, call_ids=[f"{rollout_id}-c0"], sealed_at=T0),
         ev.RewardReported(rollout_id=rollout_id, run_id=run_id, reward=1.0, source="harness", reported_at=T0),
         ev.RolloutFinished(rollout_id=rollout_id, run_id=run_id, status="succeeded", duration_s=2.5, exit_code=0,
                            reward=1.0, finished_at=T0),
@@ -38,6 +39,9 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
         ev.UpdateRequested(run_id=run_id, version=4, n_task_groups=8, requested_at=T0),
         ev.GatewayDrained(run_id=run_id, version=4, gateway_id="gw-0", held_calls=2, drained_at=T0),
         ev.WeightVersionPublished(run_id=run_id, version=4, checkpoint_path="/ckpt/4", published_at=T0),
+        ev.UpdateAborted(run_id=run_id, version=5, reason="drain timed out after 60s", aborted_at=T0),
+        ev.GatewayJoined(run_id=run_id, gateway_id="gw-0", url="http://127.0.0.1:8000", joined_at=T0),
+        ev.GatewayLeft(run_id=run_id, gateway_id="gw-0", reason="shut down", left_at=T0),
         ev.DeadLetter(topic="tether.calls", partition=3, offset=17, key=b"r-1", value=b"\x00garbage",
                       reason="not an Avro single-object record", error_type="NotSingleObject", consumer="test",
                       dead_at=T0),
@@ -59,6 +63,7 @@ nat32 = st.integers(0, 2**31 - 1)
 int64 = st.integers(-(2**63), 2**63 - 1)
 nat64 = st.integers(0, 2**63 - 1)
 doubles = st.floats(allow_nan=False)
+finite = st.floats(allow_nan=False, allow_infinity=False)
 float32s = st.floats(allow_nan=False, width=32)
 token_ids = st.lists(nat32, max_size=300)
 stamps = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
@@ -71,10 +76,13 @@ near_megabyte = st.tuples(st.characters(), st.integers(900_000, 1_000_000)).map(
 def model_calls(draw: st.DrawFn, big: bool = False) -> ev.ModelCall:
     n = draw(st.integers(0, 300))
     return ev.ModelCall(
-        call_id=draw(ids), rollout_id=draw(ids), run_id=draw(ids), seq=draw(nat32), api=draw(texts),
+        call_id=draw(ids), rollout_id=draw(ids), run_id=draw(ids), gateway_id=draw(ids), seq=draw(nat32),
+        choice_index=draw(nat32), api=draw(texts),
         model=draw(texts), request_json=draw(near_megabyte if big else texts), response_json=draw(texts),
         prompt_token_ids=draw(token_ids), response_token_ids=draw(st.lists(nat32, min_size=n, max_size=n)),
         response_logprobs=draw(st.lists(float32s, min_size=n, max_size=n)), weight_version=draw(nat64),
+        sampling=ev.Sampling(temperature=draw(doubles), top_p=draw(doubles), max_tokens=draw(int32),
+                             seed=draw(st.none() | int64)),
         usage=ev.Usage(prompt_tokens=draw(int32), completion_tokens=draw(int32)),
         timings=ev.Timings(received_at=draw(stamps), finished_at=draw(stamps), queued_ms=draw(doubles),
                            engine_ms=draw(doubles)),
@@ -96,7 +104,7 @@ def segments(draw: st.DrawFn) -> ev.Segment:
 
 @st.composite
 def task_groups(draw: st.DrawFn) -> ev.TaskGroup:
-    rollouts = draw(st.lists(st.builds(ev.RolloutSample, rollout_id=ids, reward=doubles, status=statuses,
+    rollouts = draw(st.lists(st.builds(ev.RolloutSample, rollout_id=ids, reward=finite, status=statuses,
                                        segments=st.lists(segments(), max_size=3), filled=st.booleans()),
                              max_size=4))
     dropped = draw(st.lists(st.builds(ev.DroppedRollout, rollout_id=ids, status=statuses, reason=texts), max_size=2))
@@ -107,15 +115,16 @@ def task_groups(draw: st.DrawFn) -> ev.TaskGroup:
 
 STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
     ev.ModelCall: model_calls(),
-    ev.RolloutSealed: st.builds(ev.RolloutSealed, rollout_id=ids, run_id=ids, n_calls=nat32, sealed_at=stamps),
+    ev.RolloutSealed: st.builds(ev.RolloutSealed, rollout_id=ids, run_id=ids,
+                                call_ids=st.lists(ids, unique=True, max_size=50), sealed_at=stamps),
     ev.RolloutStarted: st.builds(ev.RolloutStarted, rollout_id=ids, run_id=ids, group_id=ids, task_id=ids,
                                  task_json=texts, group_size=st.integers(1, 2**31 - 1), runner=texts,
-                                 attempt=nat32, weight_version=int64, started_at=stamps),
-    ev.RewardReported: st.builds(ev.RewardReported, rollout_id=ids, run_id=ids, reward=doubles, source=ids,
+                                 attempt=nat32, retry_of=st.none() | ids, weight_version=int64, started_at=stamps),
+    ev.RewardReported: st.builds(ev.RewardReported, rollout_id=ids, run_id=ids, reward=finite, source=ids,
                                  details_json=st.none() | texts, reported_at=stamps),
     ev.RolloutFinished: st.builds(ev.RolloutFinished, rollout_id=ids, run_id=ids, status=statuses,
                                   duration_s=st.floats(min_value=0, allow_nan=False), exit_code=st.none() | int32,
-                                  reward=st.none() | doubles, reason=st.none() | texts, finished_at=stamps),
+                                  reward=st.none() | finite, reason=st.none() | texts, finished_at=stamps),
     ev.TaskGroup: task_groups(),
     ev.UpdateRequested: st.builds(ev.UpdateRequested, run_id=ids, version=st.integers(1, 2**63 - 1),
                                   n_task_groups=int32, requested_at=stamps),
@@ -123,8 +132,10 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
                                  drained_at=stamps),
     ev.WeightVersionPublished: st.builds(ev.WeightVersionPublished, run_id=ids, version=nat64,
                                          checkpoint_path=st.none() | texts, published_at=stamps),
+    ev.UpdateAborted: st.builds(ev.UpdateAborted, run_id=ids, version=int64, reason=texts, aborted_at=stamps),
+    ev.GatewayJoined: st.builds(ev.GatewayJoined, run_id=ids, gateway_id=ids, url=texts, joined_at=stamps),
+    ev.GatewayLeft: st.builds(ev.GatewayLeft, run_id=ids, gateway_id=ids, reason=texts, left_at=stamps),
     ev.DeadLetter: st.builds(ev.DeadLetter, topic=texts, partition=int32, offset=int64, reason=texts,
                              error_type=texts, consumer=texts, key=st.none() | st.binary(),
                              value=st.none() | st.binary(max_size=2000), dead_at=stamps),
 }
-any_event: st.SearchStrategy[Event] = st.one_of(*STRATEGIES.values())

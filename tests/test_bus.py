@@ -12,8 +12,9 @@ from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer, Received
 from schemas.errors import TopicSetupError
-from schemas.events import DeadLetter, Event, ModelCall
+from schemas.events import DeadLetter, Event, ModelCall, RolloutSample, Segment, TaskGroup
 from schemas.producer import EventProducer
+from schemas.serde import encode
 from schemas.settings import BusSettings
 from tests.factories import example, examples
 
@@ -87,3 +88,20 @@ async def test_publishing_to_a_broker_that_is_not_there_fails_loudly() -> None:
     with pytest.raises(DeliveryError, match=r"127\.0\.0\.1:1"):
         async with EventProducer(nowhere):
             pass
+
+
+async def test_a_large_task_group_travels_whole(bus: BusSettings, producer: EventProducer, run_id: str) -> None:
+    """Long rollouts make big samples: ~9 MiB in one record, more than a fetch of the consumer's size."""
+    n = 1_000_000
+    segment = Segment(token_ids=list(range(n)), loss_mask=[True] * n, logprobs=[-0.5] * n, weight_versions=[7] * n)
+    group = TaskGroup(group_id=f"{run_id}-g", run_id=run_id, task_id="t", group_size=1,
+                      rollouts=[RolloutSample(rollout_id=f"{run_id}-r", reward=1.0, status="succeeded",
+                                              segments=[segment])])
+    assert len(encode(group)) > max(bus.max_partition_fetch_bytes, topics.CALLS.max_bytes)
+    await producer.publish(group)
+    async with EventConsumer(bus, [topics.SAMPLES], producer) as consumer:
+        async with asyncio.timeout(120):
+            async for received in consumer:
+                if isinstance(received.event, TaskGroup) and received.event.run_id == run_id:
+                    assert received.event == group
+                    return

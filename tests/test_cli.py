@@ -12,8 +12,8 @@ runner = CliRunner()
 def test_help_lists_the_services() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for group in ("kafka", "topics", "events"):
-        assert group in result.output
+    for service in ("kafka", "engine", "gateway", "controller", "processors", "trainer", "topics", "events", "model"):
+        assert service in result.output
 
 
 def test_kafka_help_lists_the_lifecycle() -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from infra.errors import BrokerBusy, PortInUse, PrerequisiteMissing
-from infra.kafka.launcher import KafkaBroker, server_properties
+from infra.kafka import jars
+from infra.kafka.config import server_properties
+from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 from tests.conftest import broker_settings, free_port
 
@@ -43,6 +45,25 @@ def test_missing_java_is_one_clear_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == ["tether: Java 17+ is required to run Kafka, and `java` is not on PATH."]
 
 
+def test_a_taken_port_is_one_line_from_the_cli(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("kafka", "up", env={"TETHER_KAFKA_STATE_DIR": str(tmp_path), "TETHER_KAFKA_PORT": str(port),
+                                           "TETHER_KAFKA_CONTROLLER_PORT": str(free_port()), "COLUMNS": "40"})
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"tether: port {port} on 127.0.0.1 is taken")
+
+
+def test_a_bad_setting_names_its_variable(tmp_path: Path) -> None:
+    done = run_cli("kafka", "status", env={"TETHER_KAFKA_PORT": "abc", "TETHER_KAFKA_STATE_DIR": str(tmp_path)})
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("tether: TETHER_KAFKA_PORT")
+
+
 def test_missing_maven_is_named_when_jars_must_be_fetched(tmp_path: Path) -> None:
     java_only = tmp_path / "bin"
     java_only.mkdir()
@@ -52,7 +73,7 @@ def test_missing_maven_is_named_when_jars_must_be_fetched(tmp_path: Path) -> Non
     old = os.environ["PATH"]
     os.environ["PATH"] = str(java_only)
     try:
-        broker.check_java()
+        jars.find_java()
         with pytest.raises(PrerequisiteMissing, match="Maven is required"):
             broker.fetch()
     finally:

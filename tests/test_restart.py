@@ -30,8 +30,8 @@ IN_FLIGHT = 16
 def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
     """This test kills its broker, so it gets one of its own."""
     kafka = KafkaBroker(broker_settings(tmp_path / "kafka"))
-    kafka.start()
     try:
+        kafka.start()
         yield kafka
     finally:
         kafka.stop(force=True)
@@ -45,12 +45,15 @@ async def test_acknowledged_events_survive_a_broker_crash_exactly_once(own_broke
     failed: list[str] = []
     crashed, enough_acked = asyncio.Event(), asyncio.Event()
     at_kill: list[int] = []
+    in_flight: list[int] = []
+    pending = [0]
     slots = asyncio.Semaphore(IN_FLIGHT)
 
     async with EventProducer(bus) as producer:
 
         async def send(i: int) -> None:
             call = replace(template, call_id=f"call-{i}", rollout_id=f"rollout-{i % 37}", seq=i)
+            pending[0] += 1
             try:
                 await producer.publish(call)
                 acked.append(call.call_id)
@@ -59,10 +62,12 @@ async def test_acknowledged_events_survive_a_broker_crash_exactly_once(own_broke
             except DeliveryError:
                 failed.append(call.call_id)
             finally:
+                pending[0] -= 1
                 slots.release()
 
         async def crash_and_restart() -> None:
             await enough_acked.wait()
+            in_flight.append(pending[0])  # publishes awaiting their acknowledgement
             own_broker.stop(force=True)  # SIGKILL by PID: no clean shutdown
             at_kill.append(len(acked))
             crashed.set()
@@ -84,13 +89,15 @@ async def test_acknowledged_events_survive_a_broker_crash_exactly_once(own_broke
     assert not failed
     assert len(acked) == N_EVENTS
     assert at_kill[0] < N_EVENTS // 2 + 1
+    assert in_flight[0] > 0, "the kill should catch publishes in flight"
 
     stored: Counter[str] = Counter()
     async with EventProducer(bus) as deadletters, EventConsumer(bus, [topics.CALLS], deadletters) as consumer:
+        ends = await consumer.end_offsets()  # read everything on the topic, not until a quiet moment
         async with asyncio.timeout(60):
             async for batch in consumer.batches(timeout_ms=500):
                 stored.update(r.event.call_id for r in batch if isinstance(r.event, ModelCall))
-                if not batch and set(acked) <= set(stored):
+                if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
                     break
 
     missing = set(acked) - set(stored)

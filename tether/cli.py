@@ -5,17 +5,30 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from infra.kafka.launcher import KafkaBroker
+    from schemas.settings import BusSettings
+    from schemas.topics import Topic
+
+SERVICES = """Services of a Tether run: kafka (the event log), engine (inference), gateway (the API harnesses call,
+records every call), controller (runs harnesses), processors (calls to training samples, analytics), trainer
+(learns, publishes weight versions). gateway, controller, processors and trainer arrive with issues 4 to 7."""
+
 app = typer.Typer(
     help="Tether: train the agent harness you ship with RL, through a gateway that records every call on Kafka.",
+    epilog=SERVICES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -32,26 +45,48 @@ app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
 
 console = Console(stderr=True)
+S = TypeVar("S", bound=BaseSettings)
+
+
+@app.callback()
+def main() -> None:
+    # Clients log every refused connection; the user gets our one-line error instead.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"tether: {message}", err=True)
+    raise typer.Exit(code)
 
 
 @contextmanager
 def failing_cleanly() -> Iterator[None]:
-    """Our own errors become one line on stderr and exit code 1, never a traceback."""
+    """Our own errors become one unwrapped line on stderr and exit code 1, never a traceback."""
     from infra.errors import InfraError
     from schemas.errors import BusError
 
     try:
         yield
     except (InfraError, BusError) as exc:
-        console.print(f"[red]tether:[/red] {exc}", markup=True, highlight=False)
-        raise typer.Exit(1) from exc
+        fail(str(exc))
 
 
-def _broker() -> Any:
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Settings from the environment (and flags); a bad value is named by its variable, in one line."""
+    try:
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        fail(f"{prefix}{field.upper()} (or --{field.replace('_', '-')}): {first['msg']}", 2)
+
+
+def _broker() -> KafkaBroker:
     from infra.kafka.launcher import KafkaBroker
     from infra.kafka.settings import BrokerSettings
 
-    return KafkaBroker(BrokerSettings())
+    return KafkaBroker(load_settings(BrokerSettings))
 
 
 @kafka_app.command("up")
@@ -60,7 +95,7 @@ def kafka_up() -> None:
     broker = _broker()
     with failing_cleanly(), console.status(f"Starting Kafka {broker.settings.version} on {broker.bootstrap}..."):
         pid = broker.start()
-    console.print(f"Kafka {broker.settings.version} ready on {broker.bootstrap} (pid {pid})")
+    typer.echo(f"Kafka {broker.settings.version} ready on {broker.bootstrap} (pid {pid})", err=True)
 
 
 @kafka_app.command("down")
@@ -69,7 +104,7 @@ def kafka_down(force: Annotated[bool, typer.Option(help="SIGKILL instead of a cl
     broker = _broker()
     with failing_cleanly():
         stopped = broker.stop(force=force)
-    console.print("Kafka stopped." if stopped else "Kafka was not running.")
+    typer.echo("Kafka stopped." if stopped else "Kafka was not running.", err=True)
 
 
 @kafka_app.command("status")
@@ -89,7 +124,7 @@ def kafka_fetch() -> None:
     broker = _broker()
     with failing_cleanly(), console.status("Fetching Kafka with Maven..."):
         libs = broker.fetch()
-    console.print(f"Kafka {broker.settings.version} jars in {libs}")
+    typer.echo(f"Kafka {broker.settings.version} jars in {libs}", err=True)
 
 
 @kafka_app.command("wipe")
@@ -98,7 +133,7 @@ def kafka_wipe() -> None:
     broker = _broker()
     with failing_cleanly():
         broker.wipe()
-    console.print(f"Wiped {broker.data_dir}")
+    typer.echo(f"Wiped {broker.data_dir}", err=True)
 
 
 @topics_app.command("create")
@@ -107,9 +142,10 @@ def topics_create() -> None:
     from schemas.admin import ensure_topics
     from schemas.settings import BusSettings
 
+    settings = load_settings(BusSettings)
     with failing_cleanly():
-        created = asyncio.run(ensure_topics(BusSettings()))
-    console.print(f"Created {', '.join(created)}." if created else "All topics exist.")
+        created = asyncio.run(ensure_topics(settings))
+    typer.echo(f"Created {', '.join(created)}." if created else "All topics exist.", err=True)
 
 
 @topics_app.command("list")
@@ -136,24 +172,23 @@ def events_tail(
     idle_s: Annotated[float, typer.Option(help="Stop after this many seconds without events (0: never).")] = 0,
 ) -> None:
     """Print a topic's events from the beginning as JSON lines (undecodable records go to the dead letters)."""
+    from schemas.settings import BusSettings
     from schemas.topics import BY_NAME
 
     if topic not in BY_NAME:
-        console.print(f"[red]tether:[/red] TOPIC must be one of {', '.join(BY_NAME)}; got {topic!r}")
-        raise typer.Exit(2)
+        fail(f"TOPIC must be one of {', '.join(BY_NAME)}; got {topic!r}", 2)
+    settings = load_settings(BusSettings)
     with failing_cleanly():
-        asyncio.run(_tail(BY_NAME[topic], limit, idle_s))
+        asyncio.run(_tail(settings, BY_NAME[topic], limit, idle_s))
 
 
-async def _tail(topic: Any, limit: int, idle_s: float) -> None:
+async def _tail(settings: BusSettings, topic: Topic, limit: int, idle_s: float) -> None:
     import time
 
     from schemas.consumer import EventConsumer
     from schemas.producer import EventProducer
     from schemas.serde import to_jsonable
-    from schemas.settings import BusSettings
 
-    settings = BusSettings()
     seen, last = 0, time.monotonic()
     async with EventProducer(settings) as deadletters, EventConsumer(settings, [topic], deadletters) as consumer:
         async for batch in consumer.batches(timeout_ms=500):
@@ -178,7 +213,7 @@ def model_init_tiny(
 
     with console.status(f"Building the tiny model (seed {seed})..."):
         init_tiny(out, seed)
-    console.print(f"Tiny model written to {out}")
+    typer.echo(f"Tiny model written to {out}", err=True)
 
 
 @engine_app.command("serve")
@@ -189,24 +224,14 @@ def engine_serve(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N.")] = None,
 ) -> None:
     """Serve a model on /v1/completions until interrupted."""
-    from pydantic import ValidationError
-
     from trainer.engine.serve import serve
     from trainer.engine.settings import EngineSettings
 
-    given = {"model": model, "host": host, "port": port, "device": device}
-    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    try:
-        settings = EngineSettings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        console.print(f"[red]tether:[/red] {'.'.join(map(str, first['loc']))}: {first['msg']}")
-        raise typer.Exit(2) from exc
+    settings = load_settings(EngineSettings, model=model, host=host, port=port, device=device)
     try:
         serve(settings)
     except OSError as exc:
-        console.print(f"[red]tether:[/red] cannot load model {settings.model!r}: {exc}".splitlines()[0])
-        raise typer.Exit(1) from exc
+        fail(f"cannot load model {settings.model!r}: {str(exc).splitlines()[0]}")
 
 
 if __name__ == "__main__":
