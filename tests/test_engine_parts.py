@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
+from trainer.engine import attention
 from trainer.engine.engine import Engine, Request
+from trainer.engine.forward import decode_logits, supports_direct
 from trainer.engine.kv_batch import KVBatch, cache_tensors
 from trainer.engine.sampling import SamplingParams, distribution, sample
 from trainer.engine.text import TextStream
@@ -38,27 +41,29 @@ def test_distribution_is_normalised_and_keeps_the_smallest_nucleus(row: list[flo
 def test_sampled_tokens_lie_in_the_nucleus_and_report_their_logprob(row: list[float], seed: int) -> None:
     logits = torch.tensor([row, row])
     params = [SamplingParams(temperature=0.8, top_p=0.5, seed=seed), SamplingParams(temperature=0.0)]
-    out = sample(logits, params, [torch.Generator().manual_seed(seed), None])
+    out = sample(logits, params, [random.Random(seed), random.Random()])
     logp = distribution(logits, torch.tensor([0.8, 0.0]), torch.tensor([0.5, 1.0]))
     assert torch.isfinite(logp[0, out.tokens[0]])
     assert float(out.logprobs[0]) == pytest.approx(float(logp[0, out.tokens[0]]))
-    assert int(out.tokens[1]) == int(torch.tensor(row).argmax())  # greedy
-    assert float(out.logprobs[1]) == pytest.approx(float(torch.log_softmax(torch.tensor(row), -1).max()))
+    model_logp = torch.log_softmax(torch.tensor(row), -1)
+    assert float(model_logp[out.tokens[1]]) == float(model_logp.max())  # greedy: a most likely token
+    assert float(out.logprobs[1]) == pytest.approx(float(model_logp.max()))
 
 
 def test_seeded_rows_do_not_depend_on_their_batch() -> None:
     torch.manual_seed(0)
     row = torch.randn(1, 500)
-    alone = sample(row, [SamplingParams(seed=5)], [torch.Generator().manual_seed(5)]).tokens[0]
+    alone = sample(row, [SamplingParams(seed=5)], [random.Random(5)]).tokens[0]
     crowd = torch.cat([torch.randn(3, 500), row])
     params = [SamplingParams()] * 3 + [SamplingParams(seed=5)]
-    batched = sample(crowd, params, [None, None, None, torch.Generator().manual_seed(5)]).tokens[3]
+    shared = random.Random()
+    batched = sample(crowd, params, [shared, shared, shared, random.Random(5)]).tokens[3]
     assert int(alone) == int(batched)
 
 
 def test_sampling_follows_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(20000, 1)
-    tokens = sample(logits, [SamplingParams()] * 20000, [None] * 20000).tokens
+    tokens = sample(logits, [SamplingParams()] * 20000, [random.Random(0)] * 20000).tokens
     freq = torch.bincount(tokens, minlength=3).float() / 20000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.02)
 
@@ -101,12 +106,19 @@ def model(tiny_model: Path) -> PreTrainedModel:
     return loaded
 
 
-def test_rows_joining_and_leaving_compute_what_they_would_alone(model: PreTrainedModel) -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["model-forward", "direct-layers"])
+def test_rows_joining_and_leaving_compute_what_they_would_alone(tiny_model: Path, model: PreTrainedModel,
+                                                                 direct: bool) -> None:
+    """Both decode paths of the engine give, for every row, the logits of a plain unbatched forward."""
+    stepper: PreTrainedModel = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    if direct:
+        assert supports_direct(stepper)
+        stepper.set_attn_implementation(attention.NAME)
     prompts = [[5, 9, 200, 31, 7], [44], [8, 8, 8], [1000, 3, 2, 1, 9, 9, 12, 13]]
     batch, fed = KVBatch(), []
     with torch.no_grad():
         for i, prompt in enumerate(prompts):
-            out = model(input_ids=torch.tensor([prompt]), past_key_values=DynamicCache(), use_cache=True)
+            out = stepper(input_ids=torch.tensor([prompt]), past_key_values=DynamicCache(), use_cache=True)
             batch.add([(cache_tensors(out.past_key_values), len(prompt))])
             fed.append(list(prompt))
             if i == 2:
@@ -114,13 +126,12 @@ def test_rows_joining_and_leaving_compute_what_they_would_alone(model: PreTraine
                 fed.pop(1)
             cache, mask, positions = batch.step_inputs(torch.device("cpu"))
             step = torch.tensor([[17 + j] for j in range(len(fed))])
-            out = model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        use_cache=True)
-            batch.advance(out.past_key_values)
+            logits = decode_logits(stepper, step, mask, positions, cache, direct)
+            batch.advance(cache)
             for j, seq in enumerate(fed):
                 seq.append(17 + j)
                 alone = model(input_ids=torch.tensor([seq])).logits[0, -1]
-                assert torch.allclose(out.logits[j, -1], alone, atol=1e-5)
+                assert torch.allclose(logits[j], alone, atol=1e-5)
 
 
 async def test_in_process_weight_updates_are_seen_under_the_new_version(tiny_model: Path) -> None:
@@ -133,8 +144,8 @@ async def test_in_process_weight_updates_are_seen_under_the_new_version(tiny_mod
                           ignore_eos=True)
 
         async def greedy() -> tuple[list[int], set[int]]:
-            tokens = [t async for t in engine.generate(request)]
-            return [t.token_id for t in tokens], {t.version for t in tokens}
+            chunks = [c async for c in engine.generate(request)]
+            return [t for c in chunks for t in c.token_ids], {c.version for c in chunks}
 
         before, v = await greedy()
         assert v == {3}

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from trainer.engine.engine import Engine
+from trainer.engine.engine import Chunk, Engine
 from trainer.engine.errors import EngineError, ModelNotFound
 from trainer.engine.protocol import Choice, CompletionRequest, Responder, error_body
 
@@ -98,26 +98,27 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
         request = body.to_engine(prompt_ids, max_logprobs, engine.max_model_len)
         engine.check(request)
         responder = Responder(body, model_name, prompt_ids, decode_one)
-        tokens = engine.generate(request)
+        chunks = engine.generate(request)
         if body.stream:
-            return StreamingResponse(_stream(responder, tokens, body), media_type="text/event-stream")
+            return StreamingResponse(_stream(responder, chunks, body), media_type="text/event-stream")
         choices = {i: Choice(i) for i in range(request.n)}
-        async for token in tokens:
-            responder.version = token.version
-            choices[token.index].add(token, decode_one)
+        async for chunk in chunks:
+            responder.version = chunk.version
+            choices[chunk.index].add(chunk, decode_one)
         return JSONResponse(responder.body(list(choices.values())),
                             headers={"x-tether-weight-version": str(responder.version)})
 
     return app
 
 
-async def _stream(responder: Responder, tokens: AsyncIterator[Any], body: CompletionRequest) -> AsyncIterator[str]:
+async def _stream(responder: Responder, chunks: AsyncIterator[Chunk], body: CompletionRequest
+                  ) -> AsyncIterator[str]:
     started: set[int] = set()
     try:
-        async for token in tokens:
-            responder.version = token.version
-            yield f"data: {json.dumps(responder.chunk(token, token.index not in started))}\n\n"
-            started.add(token.index)
+        async for chunk in chunks:
+            responder.version = chunk.version
+            yield f"data: {json.dumps(responder.chunk(chunk, chunk.index not in started))}\n\n"
+            started.add(chunk.index)
     except EngineError as exc:
         yield f"data: {json.dumps(error_body(exc.message, exc.type, exc.status, exc.param))}\n\n"
         return

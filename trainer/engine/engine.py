@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
@@ -21,7 +22,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.engine import attention
 from trainer.engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
+from trainer.engine.forward import decode_logits, supports_direct
 from trainer.engine.kv_batch import KVBatch, cache_tensors
 from trainer.engine.sampling import SamplingParams, sample
 from trainer.engine.text import TextStream
@@ -38,19 +41,20 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    stream: bool = True  # a chunk per token; otherwise one chunk per choice when it finishes
 
 
-@dataclass(frozen=True)
-class Token:
-    """One generated token of one choice, as the protocol layer needs it."""
+@dataclass
+class Chunk:
+    """Tokens of one choice since its previous chunk, with their logprobs and the text they add."""
 
     index: int
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-    text_offset: int
-    delta: str
     version: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)
+    text: str = ""
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -58,18 +62,18 @@ class Token:
 @dataclass(eq=False)
 class _Submission:
     request: Request
-    queue: asyncio.Queue[Token | BaseException]
+    queue: asyncio.Queue[Chunk | BaseException]
     loop: asyncio.AbstractEventLoop
     version: int = -1
     cancelled: bool = False
 
-    def put(self, item: Token | BaseException) -> None:
+    def put(self, item: Chunk | BaseException) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-def _deliver(batch: list[tuple[_Submission, Token]]) -> None:
-    for submission, token in batch:
-        submission.queue.put_nowait(token)
+def _deliver(batch: list[tuple[_Submission, Chunk]]) -> None:
+    for submission, chunk in batch:
+        submission.queue.put_nowait(chunk)
 
 
 @dataclass(eq=False)
@@ -77,7 +81,8 @@ class _Sequence:
     submission: _Submission
     index: int
     text: TextStream
-    generator: torch.Generator | None
+    rng: random.Random
+    chunk: Chunk
     next_token: int = -1
     generated: int = 0
 
@@ -98,6 +103,9 @@ class Engine:
         self.max_model_len = max_model_len or int(model.config.max_position_embeddings)
         self.max_batch = max_batch
         self.eos_ids = _eos_ids(model, tokenizer)
+        self._direct = supports_direct(model)
+        if self._direct and model.config._attn_implementation in ("sdpa", "eager"):
+            model.set_attn_implementation(attention.NAME)  # same results, no key/value copies when decoding
         self.version = version
         self._pending: deque[_Submission] = deque()
         self._running: list[_Sequence] = []
@@ -107,6 +115,7 @@ class Engine:
         self._idle = threading.Event()
         self._stopping = False
         self._update_lock = asyncio.Lock()
+        self._rng = random.Random()  # unseeded requests share it
         self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------
@@ -141,8 +150,8 @@ class Engine:
                 "max_tokens",
             )
 
-    async def generate(self, request: Request) -> AsyncIterator[Token]:
-        """Tokens of all n choices as they are produced; the weight version is known after the first."""
+    async def generate(self, request: Request) -> AsyncIterator[Chunk]:
+        """Chunks of all n choices as they are produced; each says the weight version that produced it."""
         self.check(request)
         submission = _Submission(request, asyncio.Queue(), asyncio.get_running_loop())
         with self._cond:
@@ -228,12 +237,11 @@ class Engine:
                 break
             self._pending.popleft()
             sub.version = self.version
-            params = sub.request.sampling
+            seed = sub.request.sampling.seed
             for i in range(sub.request.n):
-                generator = None
-                if params.seed is not None:
-                    generator = torch.Generator().manual_seed(params.seed + i)
-                admitted.append(_Sequence(sub, i, TextStream(self.tokenizer, sub.request.stop), generator))
+                rng = random.Random(seed + i) if seed is not None else self._rng
+                text = TextStream(self.tokenizer, sub.request.stop)
+                admitted.append(_Sequence(sub, i, text, rng, Chunk(i, self.version)))
         if admitted:
             self._idle.clear()
         return admitted
@@ -256,22 +264,21 @@ class Engine:
     def _decode(self) -> None:
         cache, mask, positions = self._kv.step_inputs(self.device)
         tokens = torch.tensor([[seq.next_token] for seq in self._running], device=self.device)
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
-        self._kv.advance(out.past_key_values)
+        logits = decode_logits(self.model, tokens, mask, positions, cache, self._direct)
+        self._kv.advance(cache)
         before = list(self._running)
-        self._emit(before, out.logits[:, -1, :])
+        self._emit(before, logits)
         if len(self._running) != len(before):
             keep = set(map(id, self._running))
             self._kv.keep([i for i, seq in enumerate(before) if id(seq) in keep])
 
     def _emit(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
         """Sample one token per sequence, send it, and retire the sequences that finished."""
-        sampled = sample(logits, [s.submission.request.sampling for s in seqs], [s.generator for s in seqs])
+        sampled = sample(logits, [s.submission.request.sampling for s in seqs], [s.rng for s in seqs])
         tokens, logprobs = sampled.tokens.tolist(), sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()
         done: set[int] = set()
-        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Submission, Token]]] = {}
+        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Submission, Chunk]]] = {}
         for row, seq in enumerate(seqs):
             request = seq.submission.request
             token = tokens[row]
@@ -289,12 +296,16 @@ class Engine:
             if finish is not None:
                 seq.text.finish()
             k = request.sampling.top_logprobs
-            outbox.setdefault(seq.submission.loop, []).append((seq.submission, Token(
-                index=seq.index, token_id=token, logprob=logprobs[row],
-                top=list(zip(top_ids[row][:k], top_lps[row][:k], strict=True)), text_offset=offset,
-                delta=seq.text.delta(final=finish is not None), version=seq.submission.version, finish_reason=finish,
-                stop_reason=stop_reason,
-            )))
+            chunk = seq.chunk
+            chunk.token_ids.append(token)
+            chunk.logprobs.append(logprobs[row])
+            chunk.tops.append(list(zip(top_ids[row][:k], top_lps[row][:k], strict=True)))
+            chunk.text_offsets.append(offset)
+            if request.stream or finish is not None:
+                chunk.text = seq.text.delta(final=finish is not None)
+                chunk.finish_reason, chunk.stop_reason = finish, stop_reason
+                outbox.setdefault(seq.submission.loop, []).append((seq.submission, chunk))
+                seq.chunk = Chunk(seq.index, chunk.version)
             if finish is not None or seq.submission.cancelled:
                 done.add(id(seq))
         for loop, batch in outbox.items():  # one wake-up per event loop and step, not one per token

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from trainer.engine.engine import Request, Token
+from trainer.engine.engine import Chunk, Request
 from trainer.engine.errors import InvalidRequest
 from trainer.engine.sampling import SamplingParams
 
@@ -77,6 +77,7 @@ class CompletionRequest(BaseModel):
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            stream=self.stream,
         )
 
 
@@ -97,13 +98,13 @@ class Choice:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
 
-    def add(self, token: Token, decode: Any) -> None:
-        self.text += token.delta
-        self.token_ids.append(token.token_id)
-        self.logprobs.append(token.logprob)
-        self.tops.append({decode(i): lp for i, lp in token.top})
-        self.offsets.append(token.text_offset)
-        self.finish_reason, self.stop_reason = token.finish_reason, token.stop_reason
+    def add(self, chunk: Chunk, decode: Any) -> None:
+        self.text += chunk.text
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.tops += [{decode(i): lp for i, lp in top} for top in chunk.tops]
+        self.offsets += chunk.text_offsets
+        self.finish_reason, self.stop_reason = chunk.finish_reason, chunk.stop_reason
 
 
 def logprobs_block(decode: Any, ids: list[int], lps: list[float], tops: list[dict[str, float]],
@@ -149,13 +150,12 @@ class Responder:
                 "choices": [self._choice(c, True) for c in sorted(choices, key=lambda c: c.index)],
                 "usage": self.usage(), "weight_version": self.version}
 
-    def chunk(self, token: Token, first: bool) -> dict[str, Any]:
-        self.completion_tokens += 1
-        c = Choice(token.index)
-        c.add(token, self.decode)
-        c.text = token.delta
+    def chunk(self, chunk: Chunk, first: bool) -> dict[str, Any]:
+        self.completion_tokens += len(chunk.token_ids)
+        c = Choice(chunk.index)
+        c.add(chunk, self.decode)
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [self._choice(c, first)], "weight_version": token.version}
+                "choices": [self._choice(c, first)], "weight_version": chunk.version}
 
     def usage_chunk(self) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,

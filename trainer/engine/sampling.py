@@ -9,6 +9,7 @@ recomputes from a plain forward pass at the same temperature. Greedy rows
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -45,22 +46,17 @@ def distribution(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
     return logp
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> Sampled:
-    """One token per row; rows with a generator (seeded requests) draw from it alone, so they are reproducible."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[random.Random]) -> Sampled:
+    """One token per row, drawn with that row's own random stream (seeded requests have their own, so they
+    are reproducible whatever else is in the batch)."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
     top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
     logp = distribution(logits, temperature, top_p)
-    # Inverse-CDF sampling needs one uniform number per row (not one per vocabulary entry); seeded
-    # rows take theirs from their own generator, so they do not depend on the rest of the batch.
-    uniform = torch.rand(len(params), 1)
-    for i, generator in enumerate(generators):
-        if generator is not None:
-            uniform[i] = torch.rand(1, generator=generator)
+    # Inverse-CDF sampling needs one uniform number per row, not one per vocabulary entry.
+    uniform = torch.tensor([[rng.random()] for rng in rngs], dtype=torch.float64)
     cdf = logp.exp().cumsum(dim=-1)
-    drawn = torch.searchsorted(cdf, uniform.to(device) * cdf[:, -1:], right=True).squeeze(-1)
+    drawn = torch.searchsorted(cdf, (uniform.to(device) * cdf[:, -1:]).to(cdf.dtype), right=True).squeeze(-1)
     drawn = drawn.clamp_(max=logp.shape[1] - 1)
     tokens = torch.where(temperature > 0, drawn, logp.argmax(dim=-1))
     k = max((p.top_logprobs for p in params), default=0)
