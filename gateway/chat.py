@@ -1,0 +1,85 @@
+"""The gateway's one internal shape of a chat call, whichever API the harness speaks.
+
+OpenAI chat completions and Anthropic messages both become a `ChatRequest`;
+every generation comes back as `Generation`s that each protocol module turns
+into its own response. `message_key` is how an assistant message a harness
+sends back is recognised as one the model produced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI carries it
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system, user, assistant or tool
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as Hugging Face chat templates expect it (OpenAI's shape)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools: {"type": "function", "function": {...}}
+    tool_choice: str = "auto"  # auto, none or required
+    sampling: SamplingRequest = field(default_factory=SamplingRequest)
+
+
+@dataclass
+class Generation:
+    """One choice: the model's tokens and what the tool-call parser made of its text."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text: str
+    finish_reason: str  # stop, length or tool_calls
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
+    """Identity of an assistant message, blind to JSON spacing and tool call ids (harnesses rewrite both)."""
+    calls = []
+    for call in tool_calls:
+        try:
+            arguments: Any = json.loads(call.arguments)
+        except json.JSONDecodeError:
+            arguments = call.arguments
+        calls.append([call.name, arguments])
+    return json.dumps([content or "", calls], sort_keys=True, separators=(",", ":"))

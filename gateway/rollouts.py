@@ -1,0 +1,90 @@
+"""What the gateway knows of each rollout: who it belongs to, its call order, its record, its own turns.
+
+A rollout is registered by the controller, then receives calls (each gets the
+next seq), then is sealed: sealing waits for its calls in flight, and its
+RolloutSealed lists exactly the calls whose events Kafka acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from gateway.errors import RolloutNotFound, RolloutSealed
+
+
+@dataclass
+class Rollout:
+    rollout_id: str
+    run_id: str
+    next_seq: int = 0
+    acknowledged: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    sealed: bool = False
+    #: assistant turns the model produced here, by message_key → the exact token ids
+    turns: dict[str, list[int]] = field(default_factory=dict)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+
+class Rollouts:
+    def __init__(self, max_turns_per_rollout: int = 10_000) -> None:
+        self._by_id: dict[str, Rollout] = {}
+        self.max_turns = max_turns_per_rollout
+
+    def register(self, rollout_id: str, run_id: str) -> Rollout:
+        """Idempotent: registering again returns the same rollout (the controller may retry)."""
+        existing = self._by_id.get(rollout_id)
+        if existing is not None:
+            return existing
+        rollout = self._by_id[rollout_id] = Rollout(rollout_id, run_id)
+        return rollout
+
+    def get(self, rollout_id: str) -> Rollout:
+        rollout = self._by_id.get(rollout_id)
+        if rollout is None:
+            raise RolloutNotFound(f"rollout {rollout_id!r} is not registered with this gateway")
+        return rollout
+
+    def open(self, rollout_id: str) -> Rollout:
+        rollout = self.get(rollout_id)
+        if rollout.sealed:
+            raise RolloutSealed(f"rollout {rollout_id!r} is sealed: it takes no more calls")
+        return rollout
+
+    def begin_call(self, rollout: Rollout) -> int:
+        """Reserve the call's seq; the rollout cannot be sealed until `end_call`."""
+        seq = rollout.next_seq
+        rollout.next_seq += 1
+        rollout.in_flight += 1
+        rollout.idle.clear()
+        return seq
+
+    def end_call(self, rollout: Rollout, call_id: str | None) -> None:
+        """`call_id` is given when the call's event was acknowledged."""
+        if call_id is not None:
+            rollout.acknowledged.append(call_id)
+        rollout.in_flight -= 1
+        if rollout.in_flight == 0:
+            rollout.idle.set()
+
+    def remember_turn(self, rollout: Rollout, key: str, token_ids: list[int]) -> None:
+        if len(rollout.turns) < self.max_turns:
+            rollout.turns[key] = token_ids
+
+    async def seal(self, rollout_id: str) -> Rollout:
+        """Close the rollout and wait for its calls in flight; idempotent."""
+        rollout = self.get(rollout_id)
+        rollout.sealed = True
+        await rollout.idle.wait()
+        rollout.turns.clear()
+        return rollout
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Rollout]:
+        return iter(self._by_id.values())
