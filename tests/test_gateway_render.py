@@ -43,7 +43,7 @@ class Harness:
 
         prompt = self.renderer.render(request, generated).prompt_ids
         self.calls.append((prompt, generated_ids))
-        text = self.renderer.tokenizer.decode(generated_ids, skip_special_tokens=True)
+        text = str(self.renderer.tokenizer.decode(generated_ids, skip_special_tokens=True))
         content, calls = HermesParser().parse(text)
         self.turns[message_key(content, calls)] = generated_ids
         # The harness echoes the turn back the way OpenAI SDKs do, then adds the tool's answer.
@@ -63,7 +63,7 @@ def extends(calls: list[tuple[list[int], list[int]]]) -> bool:
 def test_tool_turns_are_reused_exactly(tokenizer: PreTrainedTokenizerBase) -> None:
     renderer = Renderer(tokenizer)
     harness = Harness(renderer)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    im_end = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))  # type: ignore[arg-type]
     for q in ("x", "y z", "w"):
         text = f'<tool_call>\n{{"name": "lookup", "arguments": {{"q":   "{q}"}}}}\n</tool_call>'
         harness.call(tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end])
@@ -77,7 +77,7 @@ def test_any_generated_ids_come_back_unchanged(tokenizer: PreTrainedTokenizerBas
     """Even ids whose text re-tokenises differently (a random model writes such things)."""
     renderer = Renderer(tokenizer)
     harness = Harness(renderer)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    im_end = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))  # type: ignore[arg-type]
     for ids in turns:
         harness.call([*ids, im_end])
     assert extends(harness.calls)
