@@ -57,6 +57,7 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools: {"type": "function", "function": {...}}
     tool_choice: str = "auto"  # auto, none or required
     sampling: SamplingRequest = field(default_factory=SamplingRequest)
+    raw_prompt: str | None = None  # plain completions: the prompt text, no chat template
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Generation:
     finish_reason: str  # stop, length or tool_calls
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop_reason: str | int | None = None  # the stop string (or token id) that ended it, as the engine says
 
 
 def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:

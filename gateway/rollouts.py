@@ -63,10 +63,9 @@ class Rollouts:
         rollout.idle.clear()
         return seq
 
-    def end_call(self, rollout: Rollout, call_id: str | None) -> None:
-        """`call_id` is given when the call's event was acknowledged."""
-        if call_id is not None:
-            rollout.acknowledged.append(call_id)
+    def end_call(self, rollout: Rollout, acknowledged: list[str]) -> None:
+        """`acknowledged`: the call's events Kafka acknowledged (one per choice; none if it was not stored)."""
+        rollout.acknowledged += acknowledged
         rollout.in_flight -= 1
         if rollout.in_flight == 0:
             rollout.idle.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from infra.kafka.settings import BrokerSettings
 from schemas.admin import ensure_topics
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch anything at import
 
 settings.register_profile(
     "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -112,3 +115,64 @@ def engine_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+ADMIN_KEY = "test-admin-key"
+SECRET = "test-gateway-secret"
+
+
+@dataclass(frozen=True)
+class RunningGateway:
+    url: str
+    run_id: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def admin(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {ADMIN_KEY}"}
+
+    def register(self, rollout_id: str) -> str:
+        """Register a rollout as the controller does; returns its token."""
+        from schemas.rollout_token import mint
+
+        r = httpx.post(f"{self.url}/admin/rollouts", json={"rollout_id": rollout_id, "run_id": self.run_id},
+                       headers=self.admin())
+        r.raise_for_status()
+        return mint(rollout_id, SECRET)
+
+
+def start_gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path, run_id: str,
+                  **env: str) -> RunningGateway:
+    port = free_port()
+    out = log.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine.url, "--tokenizer",
+         str(tiny_model), "--port", str(port), "--run-id", run_id],
+        stdout=out, stderr=subprocess.STDOUT,
+        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
+             "TETHER_GATEWAY_ADMIN_KEY": ADMIN_KEY, "TETHER_BUS_DELIVERY_TIMEOUT_S": "5", **env},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return RunningGateway(url, run_id, process, log)
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    process.kill()
+    raise RuntimeError(f"gateway did not become healthy: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def gateway_server(bus: BusSettings, engine_server: RunningEngine, tiny_model: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    gw = start_gateway(bus, engine_server, tiny_model, tmp_path_factory.mktemp("gateway") / "gateway.log",
+                       run_id=f"run-{uuid.uuid4().hex[:8]}")
+    try:
+        yield gw
+    finally:
+        gw.process.terminate()
+        gw.process.wait(timeout=30)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 SERVICES = """Services of a Tether run: kafka (the event log), engine (inference), gateway (the API harnesses call,
 records every call), controller (runs harnesses), processors (calls to training samples, analytics), trainer
-(learns, publishes weight versions). gateway, controller, processors and trainer arrive with issues 4 to 7."""
+(learns, publishes weight versions). controller, processors and trainer arrive with issues 5 to 7."""
 
 app = typer.Typer(
     help="Tether: train the agent harness you ship with RL, through a gateway that records every call on Kafka.",
@@ -37,9 +37,12 @@ kafka_app = typer.Typer(help="The local Apache Kafka broker (single node, KRaft)
 topics_app = typer.Typer(help="The topic catalogue on the bus.", no_args_is_help=True)
 events_app = typer.Typer(help="Events on the bus, decoded.", no_args_is_help=True)
 engine_app = typer.Typer(help="The embedded inference engine (vLLM-compatible completions).", no_args_is_help=True)
+gateway_app = typer.Typer(help="The gateway harnesses call (OpenAI and Anthropic APIs); records every call.",
+                          no_args_is_help=True)
 model_app = typer.Typer(help="Models: build the tiny one the tests and the demo use.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka", rich_help_panel="Services")
 app.add_typer(engine_app, name="engine", rich_help_panel="Services")
+app.add_typer(gateway_app, name="gateway", rich_help_panel="Services")
 app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
@@ -232,6 +235,24 @@ def engine_serve(
         serve(settings)
     except OSError as exc:
         fail(f"cannot load model {settings.model!r}: {str(exc).splitlines()[0]}")
+
+
+@gateway_app.command("serve")
+def gateway_serve(
+    engine: Annotated[list[str] | None, typer.Option(help="Engine URL (repeat for several).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Model directory or name for the chat template.")] = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    run_id: Annotated[str | None, typer.Option(help="The run whose control events this gateway follows.")] = None,
+) -> None:
+    """Serve the harness APIs until interrupted (settings: TETHER_GATEWAY_*, Kafka: TETHER_BUS_*)."""
+    from gateway.serve import serve
+    from gateway.settings import GatewaySettings
+
+    settings = load_settings(GatewaySettings, engines=engine or None, tokenizer=tokenizer, host=host, port=port,
+                             run_id=run_id)
+    with failing_cleanly():
+        serve(settings)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""The gateway's side of tether.control: pause on UpdateRequested, report the drain, resume on a new version.
+
+On start it reads the run's control history to learn the current weight
+version and whether an update is pending (then it pauses at once), announces
+itself with GatewayJoined, and follows new events; on stop it says
+GatewayLeft, so the trainer stops waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from gateway.gate import Gate
+from gateway.metrics import Metrics
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import (
+    GatewayDrained,
+    GatewayJoined,
+    GatewayLeft,
+    UpdateAborted,
+    UpdateRequested,
+    WeightVersionPublished,
+)
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+
+log = logging.getLogger("tether.gateway.control")
+
+
+class ControlLoop:
+    def __init__(self, bus: BusSettings, run_id: str, gateway_id: str, url: str, gate: Gate,
+                 producer: EventProducer, metrics: Metrics, on_version: Callable[[int], None]) -> None:
+        self.bus, self.run_id, self.gateway_id, self.url = bus, run_id, gateway_id, url
+        self.gate, self.producer, self.metrics = gate, producer, metrics
+        self.on_version = on_version
+        self.version = 0
+        self._drain: asyncio.Task[None] | None = None
+        self._consumer = EventConsumer(bus, [topics.CONTROL], producer, name=f"gateway-{gateway_id}")
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        async with self._consumer as consumer:
+            pending: int | None = None
+            ends = await consumer.end_offsets()
+            caught_up = all(end == 0 for end in ends.values())
+            if caught_up:
+                await self._joined()
+            async for batch in consumer.batches(timeout_ms=200):
+                for received in batch:
+                    event = received.event
+                    if getattr(event, "run_id", None) != self.run_id:
+                        continue
+                    if isinstance(event, UpdateRequested):
+                        pending = event.version
+                        if caught_up:
+                            self._pause(event.version)
+                    elif isinstance(event, WeightVersionPublished | UpdateAborted):
+                        if isinstance(event, WeightVersionPublished):
+                            self.version = event.version
+                            self.on_version(event.version)
+                            self.metrics.weight_version.set(event.version)
+                        pending = None
+                        if caught_up:
+                            self._resume()
+                if not caught_up and all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                    caught_up = True
+                    if pending is not None:
+                        self._pause(pending)
+                    await self._joined()
+
+    async def _joined(self) -> None:
+        await self.producer.publish(GatewayJoined(run_id=self.run_id, gateway_id=self.gateway_id, url=self.url))
+        self.ready.set()
+
+    def _pause(self, version: int) -> None:
+        self.gate.pause(version)
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.create_task(self._report_drained(version))
+
+    async def _report_drained(self, version: int) -> None:
+        await self.gate.drained()
+        if self.gate.paused_for == version:
+            await self.producer.publish(GatewayDrained(run_id=self.run_id, version=version,
+                                                       gateway_id=self.gateway_id, held_calls=self.gate.held))
+            log.info("drained for version %d with %d calls held", version, self.gate.held)
+
+    def _resume(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()
+        self.gate.resume()
+
+    async def leave(self, reason: str) -> None:
+        with contextlib.suppress(Exception):  # best effort on the way out
+            await self.producer.publish(GatewayLeft(run_id=self.run_id, gateway_id=self.gateway_id, reason=reason))

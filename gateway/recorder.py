@@ -1,0 +1,27 @@
+"""Every call's ModelCall on tether.calls, acknowledged before the harness gets its answer."""
+
+from __future__ import annotations
+
+from gateway.errors import RecordingFailed
+from schemas.errors import BusError
+from schemas.events import ModelCall, RewardReported, RolloutSealed
+from schemas.producer import EventProducer
+
+
+class Recorder:
+    def __init__(self, producer: EventProducer) -> None:
+        self._producer = producer
+
+    async def calls(self, calls: list[ModelCall]) -> None:
+        """All the call's events (one per choice) acknowledged, or RecordingFailed: then nothing counts."""
+        try:
+            await self._producer.publish_many(calls)
+        except BusError as exc:
+            raise RecordingFailed(f"the call could not be recorded ({exc}); it was not served",
+                                  retry_after_s=5) from exc
+
+    async def event(self, event: RolloutSealed | RewardReported) -> None:
+        try:
+            await self._producer.publish(event)
+        except BusError as exc:
+            raise RecordingFailed(f"could not record {type(event).__name__}: {exc}", retry_after_s=5) from exc

@@ -1,0 +1,39 @@
+"""How one gateway process runs; read once from TETHER_GATEWAY_* variables (and TETHER_BUS_* for Kafka)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.settings import BusSettings
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TETHER_GATEWAY_", frozen=True)
+
+    run_id: str = Field("local", description="The run this gateway serves (its control events are keyed by it).")
+    gateway_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    public_url: str | None = Field(None, description="How harnesses reach it; defaults to http://host:port.")
+    secret: str = Field("tether-dev-secret", min_length=8, description="HMAC key of rollout tokens.")
+    admin_key: str = Field("tether-dev-admin", min_length=8, description="Key for /admin endpoints.")
+    path_binding_requires_token: bool = Field(
+        False, description="If set, /rollouts/{id}/v1/... also needs that rollout's token as the API key."
+    )
+    engines: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8100"])
+    tokenizer: str = Field(".tether/models/tiny", description="Model directory or name whose chat template renders.")
+    model_name: str | None = Field(None, description="Model name to ask the engines for; default: what they serve.")
+    tool_parser: str = "hermes"
+    max_hold_s: float = Field(60.0, gt=0, description="Longest a call waits for a weight update before a 503.")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    engine_retries: int = Field(3, ge=0)
+    engine_timeout_s: float = Field(600.0, gt=0)
+    bus: BusSettings = Field(default_factory=BusSettings)
+
+    @property
+    def url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"

@@ -1,0 +1,84 @@
+"""Harnesses speaking OpenAI through the gateway: the official SDK, token binding, and the record on Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import ModelCall, RolloutSealed
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from tests.conftest import RunningGateway
+
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"q": {"type": "string"}}}}}
+
+
+def new_rollout(gw: RunningGateway) -> tuple[str, str]:
+    rollout_id = f"r-{uuid.uuid4().hex[:10]}"
+    return rollout_id, gw.register(rollout_id)
+
+
+def sdk(gw: RunningGateway, token: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
+
+
+async def recorded(bus: BusSettings, rollout_id: str, wanted: int) -> list[ModelCall | RolloutSealed]:
+    found: list[ModelCall | RolloutSealed] = []
+    async with EventProducer(bus) as p, EventConsumer(bus, [topics.CALLS], p) as consumer:
+        async with asyncio.timeout(30):
+            async for batch in consumer.batches(timeout_ms=200):
+                found += [r.event for r in batch if isinstance(r.event, ModelCall | RolloutSealed)
+                          and r.event.rollout_id == rollout_id]
+                if len(found) >= wanted:
+                    return found
+    raise AssertionError("unreachable")
+
+
+def test_chat_call_is_answered_and_recorded(gateway_server: RunningGateway, bus: BusSettings) -> None:
+    rollout_id, token = new_rollout(gateway_server)
+    client = sdk(gateway_server, token)
+    out = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hi."}],
+                                         max_tokens=12, temperature=1.0, seed=1)
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].finish_reason in ("stop", "length")
+    seal = httpx.post(f"{gateway_server.url}/admin/rollouts/{rollout_id}/seal", headers=gateway_server.admin())
+    assert seal.json()["n_calls"] == 1
+    events = asyncio.run(recorded(bus, rollout_id, 2))
+    call, sealed = events
+    assert isinstance(call, ModelCall) and isinstance(sealed, RolloutSealed)
+    assert sealed.call_ids == [call.call_id]
+    assert call.seq == 0 and call.status == "ok" and call.run_id == gateway_server.run_id
+    assert json.loads(call.response_json)["choices"][0]["message"]["content"] == out.choices[0].message.content
+    assert len(call.response_token_ids) == len(call.response_logprobs) == out.usage.completion_tokens  # type: ignore[union-attr]
+    assert len(call.prompt_token_ids) == out.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_a_token_cannot_write_to_another_rollout(gateway_server: RunningGateway) -> None:
+    a, token_a = new_rollout(gateway_server)
+    b, _ = new_rollout(gateway_server)
+    client = openai.OpenAI(base_url=f"{gateway_server.url}/rollouts/{b}/v1", api_key=token_a, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    with pytest.raises(openai.AuthenticationError):
+        sdk(gateway_server, "not-a-token").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+
+
+def test_unknown_and_sealed_rollouts(gateway_server: RunningGateway) -> None:
+    client = openai.OpenAI(base_url=f"{gateway_server.url}/rollouts/nobody/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    rollout_id, token = new_rollout(gateway_server)
+    httpx.post(f"{gateway_server.url}/admin/rollouts/{rollout_id}/seal", headers=gateway_server.admin())
+    with pytest.raises(openai.ConflictError):
+        sdk(gateway_server, token).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
