@@ -176,3 +176,43 @@ def gateway_server(bus: BusSettings, engine_server: RunningEngine, tiny_model: P
     finally:
         gw.process.terminate()
         gw.process.wait(timeout=30)
+
+
+TOOL_REPLY = '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
+FINAL_REPLY = "The answer is 42."
+
+
+@pytest.fixture(scope="session")
+def fake_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
+    """FakeVLLM scripted as an agent's model: first a tool call, then an answer."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("fake-vllm") / "fake.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(tiny_model),
+                                "--port", str(port), "--reply", TOOL_REPLY, "--reply", FINAL_REPLY],
+                               stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    try:
+        yield RunningEngine(url, "fake-vllm", process)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def scripted_gateway(bus: BusSettings, fake_vllm: RunningEngine, tiny_model: Path,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    gw = start_gateway(bus, fake_vllm, tiny_model, tmp_path_factory.mktemp("gateway") / "scripted.log",
+                       run_id=f"run-{uuid.uuid4().hex[:8]}")
+    try:
+        yield gw
+    finally:
+        gw.process.terminate()
+        gw.process.wait(timeout=30)

@@ -82,3 +82,62 @@ def test_unknown_and_sealed_rollouts(gateway_server: RunningGateway) -> None:
     with pytest.raises(openai.ConflictError):
         sdk(gateway_server, token).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+
+
+def test_streaming_with_usage_matches_the_record(gateway_server: RunningGateway, bus: BusSettings) -> None:
+    rollout_id, token = new_rollout(gateway_server)
+    stream = sdk(gateway_server, token).chat.completions.create(
+        model="m", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}],
+        max_tokens=16, seed=3, stream=True, stream_options={"include_usage": True})
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert finish in ("stop", "length") and usage is not None
+    (call,) = asyncio.run(recorded(bus, rollout_id, 1))
+    assert isinstance(call, ModelCall)
+    assert json.loads(call.response_json)["choices"][0]["message"]["content"] == text
+    assert len(call.response_token_ids) == usage.completion_tokens
+
+
+async def test_async_sdk_with_n_choices(gateway_server: RunningGateway, bus: BusSettings) -> None:
+    rollout_id, token = new_rollout(gateway_server)
+    client = openai.AsyncOpenAI(base_url=f"{gateway_server.url}/v1", api_key=token, max_retries=0)
+    outs = await asyncio.gather(*[client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, n=2, seed=i) for i in range(3)])
+    assert all(len(o.choices) == 2 for o in outs)
+    calls = await recorded(bus, rollout_id, 6)
+    assert sorted((c.seq, c.choice_index) for c in calls if isinstance(c, ModelCall)) == \
+        [(s, i) for s in range(3) for i in range(2)]
+
+
+def test_tool_calls_come_back_and_their_turns_are_reused(gateway_server: RunningGateway, bus: BusSettings,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny random model rarely writes a tool call; seeds are searched until it does (bounded)."""
+    rollout_id, token = new_rollout(gateway_server)
+    client = sdk(gateway_server, token)
+    messages: list[dict[str, object]] = [{"role": "user", "content": "Look up x."}]
+    got_text = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP],  # type: ignore[list-item]
+                                              max_tokens=8, seed=0)
+    reply = got_text.choices[0].message
+    messages.append(reply.model_dump(exclude_none=True))
+    messages.append({"role": "user", "content": "And y?"})
+    client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP], max_tokens=8, seed=1)  # type: ignore[arg-type]
+    first, second = [c for c in asyncio.run(recorded(bus, rollout_id, 2)) if isinstance(c, ModelCall)]
+    head = first.prompt_token_ids + first.response_token_ids
+    assert second.prompt_token_ids[:len(head)] == head  # the model's own turn came back as its ids
+
+
+def test_plain_completions(gateway_server: RunningGateway) -> None:
+    rollout_id, token = new_rollout(gateway_server)
+    out = sdk(gateway_server, token).completions.create(model="m", prompt="def f(x):", max_tokens=8, logprobs=1)
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert out.choices[0].logprobs is not None and out.choices[0].logprobs.token_logprobs
+
+
+def test_models_list(gateway_server: RunningGateway) -> None:
+    _, token = new_rollout(gateway_server)
+    assert len(sdk(gateway_server, token).models.list().data) == 1

@@ -1,0 +1,86 @@
+"""FakeVLLM: answers vLLM's /v1/completions at once with scripted replies, in vLLM's wire format.
+
+It stands in for an inference engine where the point is not the model: the
+gateway's own overhead (bench/gateway_overhead.py) and replies a tiny random
+model would never write, such as a well-formed tool call. Replies are taken
+in turn from the script; each comes back as token ids (tokenised with the
+real tokenizer, ending with its end-of-turn token) with logprobs of -0.5.
+Which reply: the k-th, where k is the number of tool results already in the
+prompt (the last reply once the script runs out), so an agent loop of
+"call a tool, then answer" is scripted by two replies.
+
+    python -m tests.fakes.vllm --tokenizer DIR --port 8200 --reply "..." [--reply "..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from transformers import AutoTokenizer
+
+MODEL = "fake-vllm"
+
+
+def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    end = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    scripted = [[*tokenizer(text, add_special_tokens=False)["input_ids"], end] for text in replies]
+    tool_results = tokenizer.convert_tokens_to_ids("<tool_response>")
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "fake"}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> JSONResponse | StreamingResponse:
+        body = json.loads(await request.body())
+        prompt = body["prompt"]
+        choices = []
+        turn = scripted[min(prompt.count(tool_results), len(scripted) - 1)]
+        for index in range(body.get("n") or 1):
+            ids = turn[: body.get("max_tokens") or len(turn)]
+            choices.append({"index": index, "text": tokenizer.decode(ids, skip_special_tokens=True),
+                            "token_ids": ids, "logprobs": {"tokens": [], "token_logprobs": [-0.5] * len(ids),
+                                                           "top_logprobs": [{} for _ in ids], "text_offset": []},
+                            "finish_reason": "stop", "stop_reason": None})
+        head = {"id": f"cmpl-{time.monotonic_ns()}", "object": "text_completion", "created": int(time.time()),
+                "model": MODEL}
+        if not body.get("stream"):
+            for c in choices:
+                c["prompt_token_ids"] = prompt
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c["token_ids"]) for c in choices)}
+            return JSONResponse({**head, "choices": choices, "usage": usage})
+
+        async def events() -> AsyncIterator[str]:
+            for c in choices:  # one chunk per choice: text and ids at once
+                yield f"data: {json.dumps({**head, 'choices': [{**c, 'prompt_token_ids': prompt}]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--reply", action="append", required=True)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.tokenizer, args.reply), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
