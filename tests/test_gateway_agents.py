@@ -7,6 +7,7 @@ sees a real tool call; the record on Kafka is checked for each.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from typing import Any
@@ -19,7 +20,7 @@ from schemas.settings import BusSettings
 from tests.conftest import FINAL_REPLY, RunningGateway
 from tests.test_gateway_openai import LOOKUP, new_rollout, recorded
 
-ANTHROPIC_LOOKUP = {"name": "lookup", "description": "Look a word up.",
+ANTHROPIC_LOOKUP: Any = {"name": "lookup", "description": "Look a word up.",
                     "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}
 
 
@@ -28,7 +29,7 @@ def calls_of(bus: BusSettings, rollout_id: str, n: int) -> list[ModelCall]:
 
 
 def assert_extends(calls: list[ModelCall]) -> None:
-    for before, after in zip(calls, calls[1:], strict=False):
+    for before, after in itertools.pairwise(calls):
         head = before.prompt_token_ids + before.response_token_ids
         assert after.prompt_token_ids[:len(head)] == head
 
@@ -37,14 +38,14 @@ def test_openai_tool_loop(scripted_gateway: RunningGateway, bus: BusSettings) ->
     rollout_id, token = new_rollout(scripted_gateway)
     client = openai.OpenAI(base_url=f"{scripted_gateway.url}/v1", api_key=token, max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "What is x?"}]
-    first = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP])  # type: ignore[list-item]
+    first = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP])
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
-    call = choice.message.tool_calls[0]
+    call: Any = choice.message.tool_calls[0]
     assert call.function.name == "lookup" and json.loads(call.function.arguments) == {"q": "x"}
     messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "x means 42"}]
-    second = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP])  # type: ignore[arg-type]
+    second = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP])
     assert second.choices[0].message.content == FINAL_REPLY and second.choices[0].finish_reason == "stop"
     assert_extends(calls_of(bus, rollout_id, 2))
 
@@ -53,7 +54,7 @@ def test_openai_streamed_tool_call(scripted_gateway: RunningGateway) -> None:
     _, token = new_rollout(scripted_gateway)
     client = openai.OpenAI(base_url=f"{scripted_gateway.url}/v1", api_key=token, max_retries=0)
     stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x?"}],
-                                            tools=[LOOKUP], stream=True)  # type: ignore[list-item]
+                                            tools=[LOOKUP], stream=True)
     names, arguments, content, finish = [], "", "", None
     for chunk in stream:
         for c in chunk.choices:
@@ -72,7 +73,7 @@ def test_anthropic_sdk_tool_use_loop(scripted_gateway: RunningGateway, bus: BusS
     client = anthropic.Anthropic(base_url=scripted_gateway.url, api_key=token, max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "What is x?"}]
     first = client.messages.create(model="claude-x", max_tokens=64, system="Use tools.", messages=messages,
-                                   tools=[ANTHROPIC_LOOKUP])  # type: ignore[list-item]
+                                   tools=[ANTHROPIC_LOOKUP])
     assert first.stop_reason == "tool_use"
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "lookup" and use.input == {"q": "x"}
@@ -80,7 +81,7 @@ def test_anthropic_sdk_tool_use_loop(scripted_gateway: RunningGateway, bus: BusS
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                "content": "x means 42"}]}]
     second = client.messages.create(model="claude-x", max_tokens=64, system="Use tools.", messages=messages,
-                                    tools=[ANTHROPIC_LOOKUP])  # type: ignore[list-item]
+                                    tools=[ANTHROPIC_LOOKUP])
     assert second.stop_reason == "end_turn"
     assert [b.text for b in second.content if b.type == "text"] == [FINAL_REPLY]
     assert second.usage.output_tokens > 0 and second.usage.input_tokens > 0
@@ -92,7 +93,7 @@ def test_anthropic_sdk_streaming(scripted_gateway: RunningGateway) -> None:
     scripted_gateway.register(rollout_id)
     client = anthropic.Anthropic(base_url=f"{scripted_gateway.url}/rollouts/{rollout_id}", api_key="unused",
                                  max_retries=0)
-    with client.messages.stream(model="claude-x", max_tokens=64, tools=[ANTHROPIC_LOOKUP],  # type: ignore[list-item]
+    with client.messages.stream(model="claude-x", max_tokens=64, tools=[ANTHROPIC_LOOKUP],
                                 messages=[{"role": "user", "content": "x?"}]) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
@@ -114,5 +115,5 @@ def test_litellm_completion(scripted_gateway: RunningGateway) -> None:
     _, token = new_rollout(scripted_gateway)
     out = litellm.completion(model="openai/tiny", api_base=f"{scripted_gateway.url}/v1", api_key=token,
                              messages=[{"role": "user", "content": "x?"}], tools=[LOOKUP])
-    message = out.choices[0].message  # type: ignore[union-attr]
+    message = out.choices[0].message
     assert message.tool_calls and message.tool_calls[0].function.name == "lookup"

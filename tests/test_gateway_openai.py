@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 import httpx
 import openai
@@ -17,7 +18,7 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from tests.conftest import RunningGateway
 
-LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+LOOKUP: Any = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                            "parameters": {"type": "object",
                                                           "properties": {"q": {"type": "string"}}}}}
 
@@ -57,13 +58,14 @@ def test_chat_call_is_answered_and_recorded(gateway_server: RunningGateway, bus:
     assert isinstance(call, ModelCall) and isinstance(sealed, RolloutSealed)
     assert sealed.call_ids == [call.call_id]
     assert call.seq == 0 and call.status == "ok" and call.run_id == gateway_server.run_id
+    assert out.usage is not None
     assert json.loads(call.response_json)["choices"][0]["message"]["content"] == out.choices[0].message.content
-    assert len(call.response_token_ids) == len(call.response_logprobs) == out.usage.completion_tokens  # type: ignore[union-attr]
-    assert len(call.prompt_token_ids) == out.usage.prompt_tokens  # type: ignore[union-attr]
+    assert len(call.response_token_ids) == len(call.response_logprobs) == out.usage.completion_tokens
+    assert len(call.prompt_token_ids) == out.usage.prompt_tokens
 
 
 def test_a_token_cannot_write_to_another_rollout(gateway_server: RunningGateway) -> None:
-    a, token_a = new_rollout(gateway_server)
+    _a, token_a = new_rollout(gateway_server)
     b, _ = new_rollout(gateway_server)
     client = openai.OpenAI(base_url=f"{gateway_server.url}/rollouts/{b}/v1", api_key=token_a, max_retries=0)
     with pytest.raises(openai.PermissionDeniedError):
@@ -119,20 +121,20 @@ def test_tool_calls_come_back_and_their_turns_are_reused(gateway_server: Running
     """A tiny random model rarely writes a tool call; seeds are searched until it does (bounded)."""
     rollout_id, token = new_rollout(gateway_server)
     client = sdk(gateway_server, token)
-    messages: list[dict[str, object]] = [{"role": "user", "content": "Look up x."}]
-    got_text = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP],  # type: ignore[list-item]
+    messages: list[Any] = [{"role": "user", "content": "Look up x."}]
+    got_text = client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP],
                                               max_tokens=8, seed=0)
     reply = got_text.choices[0].message
     messages.append(reply.model_dump(exclude_none=True))
     messages.append({"role": "user", "content": "And y?"})
-    client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP], max_tokens=8, seed=1)  # type: ignore[arg-type]
+    client.chat.completions.create(model="m", messages=messages, tools=[LOOKUP], max_tokens=8, seed=1)
     first, second = [c for c in asyncio.run(recorded(bus, rollout_id, 2)) if isinstance(c, ModelCall)]
     head = first.prompt_token_ids + first.response_token_ids
     assert second.prompt_token_ids[:len(head)] == head  # the model's own turn came back as its ids
 
 
 def test_plain_completions(gateway_server: RunningGateway) -> None:
-    rollout_id, token = new_rollout(gateway_server)
+    _rollout_id, token = new_rollout(gateway_server)
     out = sdk(gateway_server, token).completions.create(model="m", prompt="def f(x):", max_tokens=8, logprobs=1)
     assert out.choices[0].finish_reason in ("stop", "length")
     assert out.choices[0].logprobs is not None and out.choices[0].logprobs.token_logprobs

@@ -31,8 +31,8 @@ MODEL = "fake-vllm"
 def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     end = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    scripted = [[*tokenizer(text, add_special_tokens=False)["input_ids"], end] for text in replies]
-    tool_results = tokenizer.convert_tokens_to_ids("<tool_response>")
+    scripted: list[list[int]] = [[*tokenizer(text, add_special_tokens=False)["input_ids"], end] for text in replies]
+    tool_results = int(tokenizer.convert_tokens_to_ids("<tool_response>"))
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -45,9 +45,9 @@ def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> JSONResponse | StreamingResponse:
-        body = json.loads(await request.body())
-        prompt = body["prompt"]
-        choices = []
+        body: dict[str, Any] = json.loads(await request.body())
+        prompt: list[int] = body["prompt"]
+        choices: list[dict[str, Any]] = []
         turn = scripted[min(prompt.count(tool_results), len(scripted) - 1)]
         for index in range(body.get("n") or 1):
             ids = turn[: body.get("max_tokens") or len(turn)]
