@@ -30,9 +30,9 @@ MODEL = "fake-vllm"
 
 def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    end = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    end, tool_results = (int(tokenizer.convert_tokens_to_ids(t))  # type: ignore[arg-type]
+                         for t in (tokenizer.eos_token, "<tool_response>"))
     scripted: list[list[int]] = [[*tokenizer(text, add_special_tokens=False)["input_ids"], end] for text in replies]
-    tool_results = int(tokenizer.convert_tokens_to_ids("<tool_response>"))
     app = FastAPI()
 
     @app.get("/v1/models")
