@@ -108,7 +108,8 @@ class Gateway:
                 state = _Streams(call.chat.sampling.n, self.parser.start_marker)
                 version = self.version
                 async for chunk in self._generate(rollout, prompt, call.chat, stream):
-                    version = int(chunk.get("weight_version") or version)
+                    reported = chunk.get("weight_version")  # our engine says which weights; vLLM does not
+                    version = int(reported) if reported is not None else version
                     for delta in state.add(chunk):
                         yield delta
                 engine_ms = (time.perf_counter() - engine_started) * 1000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -48,8 +49,10 @@ class EventProducer:
         except KafkaError as exc:
             raise DeliveryError(f"cannot reach Kafka at {self._settings.bootstrap_servers}: {exc!r}") from exc
 
-    async def stop(self) -> None:
-        await self._producer.stop()
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Flush and close; bounded, because an idempotent producer would wait for an absent broker forever."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._producer.stop(), timeout_s)
 
     async def __aenter__(self) -> EventProducer:
         await self.start()
