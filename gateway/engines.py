@@ -15,25 +15,36 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from gateway.errors import EngineFailed, InvalidRequest
 
-RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+# Before any output: the engine is not there, dropped the connection, or is restarting.
+RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 
 
 class EnginePool:
+    """aiohttp, not httpx: at hundreds of calls a second the client's own cost is the gateway's cost."""
+
     def __init__(self, urls: list[str], retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 600.0) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
         self.retries = retries
         self.backoff_s = backoff_s
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0),
-                                       limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=5.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created inside the running loop
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, connector=aiohttp.TCPConnector(limit=1024, limit_per_host=512))
+        return self._session
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def pick(self, rollout_id: str) -> str:
         digest = hashlib.sha256(rollout_id.encode()).digest()
@@ -41,25 +52,22 @@ class EnginePool:
 
     async def model(self) -> str:
         """The name the first engine serves (what the gateway passes on in every request)."""
-        response = await self._with_retries(lambda: self._http.get(f"{self.urls[0]}/v1/models"))
-        return str(response.json()["data"][0]["id"])
+        models = await self._with_retries("GET", f"{self.urls[0]}/v1/models", None)
+        return str(models["data"][0]["id"])
 
     async def complete(self, rollout_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = f"{self.pick(rollout_id)}/v1/completions"
-        response = await self._with_retries(lambda: self._http.post(url, json={**body, "stream": False}))
-        result: dict[str, Any] = response.json()
-        return result
+        return await self._with_retries("POST", f"{self.pick(rollout_id)}/v1/completions", {**body, "stream": False})
 
     async def stream(self, rollout_id: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Engine chunks as they come; retried while nothing has been read yet."""
         url = f"{self.pick(rollout_id)}/v1/completions"
         for attempt in range(self.retries + 1):
             try:
-                async with self._http.stream("POST", url, json={**body, "stream": True}) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                        self._raise_for(response, retryable_left=attempt < self.retries)
-                    async for line in response.aiter_lines():
+                async with self._http.post(url, json={**body, "stream": True}) as response:
+                    if response.status >= 400:
+                        self._raise_for(response.status, await response.text(), retryable_left=attempt < self.retries)
+                    async for raw in response.content:
+                        line = raw.decode().strip()
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         chunk: dict[str, Any] = json.loads(line[6:])
@@ -72,25 +80,27 @@ class EnginePool:
                     raise EngineFailed(f"engine at {url} failed: {exc}") from exc
                 await self._sleep(attempt)
 
-    async def _with_retries(self, send: Any) -> httpx.Response:
+    async def _with_retries(self, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
             try:
-                response: httpx.Response = await send()
-                if response.status_code < 400:
-                    return response
-                self._raise_for(response, retryable_left=attempt < self.retries)
+                async with self._http.request(method, url, json=body) as response:
+                    text = await response.text()
+                    if response.status < 400:
+                        result: dict[str, Any] = json.loads(text)
+                        return result
+                    self._raise_for(response.status, text, retryable_left=attempt < self.retries)
             except (*RETRYABLE, _Retry) as exc:
                 if attempt == self.retries:
-                    raise EngineFailed(f"engine failed after {attempt + 1} attempts: {exc}") from exc
+                    raise EngineFailed(f"engine at {url} failed after {attempt + 1} attempts: {exc!r}") from exc
             await self._sleep(attempt)
         raise AssertionError("unreachable")
 
-    def _raise_for(self, response: httpx.Response, retryable_left: bool) -> None:
-        message = _error_message(response)
-        if response.status_code >= 500 and retryable_left:
-            raise _Retry(f"{response.status_code}: {message}")
-        if response.status_code >= 500:
-            raise EngineFailed(f"engine answered {response.status_code}: {message}")
+    def _raise_for(self, status: int, text: str, retryable_left: bool) -> None:
+        message = _error_message(text)
+        if status >= 500 and retryable_left:
+            raise _Retry(f"{status}: {message}")
+        if status >= 500:
+            raise EngineFailed(f"engine answered {status}: {message}")
         raise InvalidRequest(message)  # the engine refused what we sent: the caller's input
 
     async def _sleep(self, attempt: int) -> None:
@@ -101,9 +111,9 @@ class _Retry(Exception):
     """A 5xx worth another try."""
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(text: str) -> str:
     try:
-        body = response.json()
+        body = json.loads(text)
         return str(body.get("error", {}).get("message") or body.get("message") or body)
     except (json.JSONDecodeError, AttributeError):
-        return response.text[:500]
+        return text[:500]

@@ -16,7 +16,7 @@ class BusSettings(BaseSettings):
     replication_factor: int = Field(1, ge=1, description="For topics this process creates.")
     request_timeout_ms: int = Field(30_000, ge=1_000)
     delivery_timeout_s: float = Field(120.0, gt=0, description="How long a publish may wait for its acknowledgement.")
-    linger_ms: int = Field(2, ge=0)
+    linger_ms: int = Field(0, ge=0, description="0: send at once (calls wait for their ack); batches still form.")
     compression_type: str | None = Field(None, description="gzip, snappy, lz4 or zstd; the codec must be installed.")
     max_request_bytes: int = Field(
         DEADLETTER.max_bytes + 64 * 1024, ge=1024, description="Client-side cap; each topic has its own limit."

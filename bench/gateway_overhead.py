@@ -1,0 +1,266 @@
+"""What the gateway adds: the same load straight to an engine and through the gateway (recording to Kafka).
+
+    .venv/bin/python bench/gateway_overhead.py [--requests 2000] [--memory-calls 50000]
+
+The engine is FakeVLLM (tests/fakes/vllm.py), a vLLM-shaped responder that
+answers at once, so the difference is the gateway's own cost: binding,
+rendering, the engine hop, parsing and the acknowledged Kafka write. The load
+comes from aiohttp clients in this process. For 1, 16 and 64 concurrent
+clients, non-streaming and streaming, it prints p50/p99 latency of both paths,
+the added latency and the throughput ratio; then the gateway's CPU time per
+call, and its resident memory after --memory-calls/10 and --memory-calls
+calls. Writes bench/results/gateway_overhead.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from infra.kafka.launcher import KafkaBroker
+from infra.kafka.settings import BrokerSettings
+from schemas.admin import ensure_topics
+from schemas.rollout_token import mint
+from schemas.settings import BusSettings
+
+console = Console()
+SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
+LEVELS = (1, 16, 64)
+REPLY = "Sure, here is a short answer."
+MESSAGES = [{"role": "system", "content": "You are a helpful agent."},
+            {"role": "user", "content": "Summarise the file in one line."}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    raise SystemExit(f"{what} did not start")
+
+
+@dataclass
+class Result:
+    latencies: list[float]
+    seconds: float
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies) * 1000
+
+    @property
+    def p99(self) -> float:
+        return sorted(self.latencies)[int(0.99 * (len(self.latencies) - 1))] * 1000
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+async def load(url: str, bodies: list[dict[str, Any]], headers: list[dict[str, str]], concurrency: int,
+               stream: bool) -> Result:
+    """`concurrency` clients send the bodies back to back; latency is until the last byte."""
+    latencies: list[float] = []
+    queue = list(range(len(bodies)))
+    connector = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def client() -> None:
+            while queue:
+                i = queue.pop()
+                started = time.perf_counter()
+                async with session.post(url, json={**bodies[i], "stream": stream}, headers=headers[i]) as r:
+                    if r.status != 200:
+                        raise SystemExit(f"{url} answered {r.status}: {await r.text()}")
+                    await r.read()
+                latencies.append(time.perf_counter() - started)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[client() for _ in range(concurrency)])
+        return Result(latencies, time.perf_counter() - t0)
+
+
+def register(gateway: str, n: int) -> list[str]:
+    ids = [f"bench-{time.monotonic_ns()}-{i}" for i in range(n)]
+    with httpx.Client(base_url=gateway, headers={"authorization": f"Bearer {ADMIN}"}) as http:
+        for rollout_id in ids:
+            http.post("/admin/rollouts", json={"rollout_id": rollout_id}).raise_for_status()
+    return [mint(r, SECRET) for r in ids]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per level and path (at least 10)")
+    parser.add_argument("--memory-calls", type=int, default=50_000)
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="concurrent clients")
+    parser.add_argument("--tokenizer", type=Path, help="model directory (default: build the tiny model)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gateway_overhead.png")
+    args = parser.parse_args()
+    if args.requests < 10 or args.memory_calls < 100:
+        parser.error("--requests must be at least 10 and --memory-calls at least 100")
+
+    scratch = Path(tempfile.mkdtemp(prefix="tether-gw-bench-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", port=free_port(), controller_port=free_port()))
+    try:
+        with console.status("starting Kafka, FakeVLLM and the gateway..."):
+            tokenizer = args.tokenizer
+            if tokenizer is None:
+                from trainer.tiny_model import init_tiny
+
+                tokenizer = init_tiny(scratch / "tiny")
+            broker.start()
+            bus = BusSettings(bootstrap_servers=broker.bootstrap)
+            asyncio.run(ensure_topics(bus))
+            engine_port, gateway_port = free_port(), free_port()
+            engine = f"http://127.0.0.1:{engine_port}"
+            gateway = f"http://127.0.0.1:{gateway_port}"
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(tokenizer), "--port", str(engine_port),
+                 "--reply", REPLY], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_healthy(engine, processes[-1], "FakeVLLM")
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine, "--tokenizer",
+                 str(tokenizer), "--port", str(gateway_port), "--run-id", "bench"],
+                env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": broker.bootstrap, "TETHER_GATEWAY_SECRET": SECRET,
+                     "TETHER_GATEWAY_ADMIN_KEY": ADMIN},
+                stdout=(scratch / "gateway.log").open("wb"), stderr=subprocess.STDOUT))
+            gateway_pid = processes[-1].pid
+            wait_healthy(gateway, processes[-1], "the gateway")
+            prompt_ids = httpx.post(f"{engine}/v1/completions", json={"model": "fake-vllm", "prompt": [1, 2, 3],
+                                                                       "max_tokens": 1}).json()
+            assert prompt_ids["choices"], prompt_ids
+
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        rendered = tok.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
+        ids = list(rendered["input_ids"] if isinstance(rendered, dict) else rendered)
+        direct_body = {"model": "fake-vllm", "prompt": ids, "max_tokens": 64, "logprobs": 0,
+                       "return_token_ids": True}
+        tokens = register(gateway, 64)
+        rows = []
+        with Progress(console=console) as bar:
+            task = bar.add_task("load levels", total=len(args.levels) * 2)
+            for stream in (False, True):
+                for level in args.levels:
+                    n = args.requests if level > 1 else max(10, args.requests // 4)
+                    direct = asyncio.run(load(f"{engine}/v1/completions", [direct_body] * n, [{}] * n, level, stream))
+                    bodies = [{"model": "m", "messages": MESSAGES, "max_tokens": 64}] * n
+                    headers = [{"authorization": f"Bearer {tokens[i % len(tokens)]}"} for i in range(n)]
+                    cpu0 = cpu_seconds(gateway_pid)
+                    through = asyncio.run(load(f"{gateway}/v1/chat/completions", bodies, headers, level, stream))
+                    cpu_ms = (cpu_seconds(gateway_pid) - cpu0) / n * 1000
+                    rows.append((stream, level, direct, through, cpu_ms))
+                    bar.advance(task)
+
+            memory: list[tuple[int, float]] = []
+            task = bar.add_task("memory: calls through the gateway", total=args.memory_calls)
+            done = 0
+            tokens = register(gateway, 256)
+            for target in (args.memory_calls // 10, args.memory_calls):
+                while done < target:
+                    chunk = min(2000, target - done)
+                    bodies = [{"model": "m", "messages": MESSAGES, "max_tokens": 64}] * chunk
+                    headers = [{"authorization": f"Bearer {tokens[(done + i) % len(tokens)]}"} for i in range(chunk)]
+                    asyncio.run(load(f"{gateway}/v1/chat/completions", bodies, headers, 64, False))
+                    done += chunk
+                    bar.advance(task, chunk)
+                memory.append((done, rss_mb(gateway_pid)))
+    finally:
+        for p in processes:
+            p.terminate()
+            p.wait(timeout=30)
+        broker.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    table = Table(title="Gateway overhead (FakeVLLM answers at once; the gateway records every call to Kafka)")
+    for column in ("mode", "clients", "engine p50", "gateway p50", "added p50", "engine p99", "gateway p99",
+                   "engine calls/s", "gateway calls/s", "ratio", "gateway CPU/call"):
+        table.add_column(column, justify="right")
+    for stream, level, direct, through, cpu_ms in rows:
+        table.add_row("stream" if stream else "plain", str(level), f"{direct.p50:.2f} ms", f"{through.p50:.2f} ms",
+                      f"{through.p50 - direct.p50:+.2f} ms", f"{direct.p99:.2f} ms", f"{through.p99:.2f} ms",
+                      f"{direct.rate:,.0f}", f"{through.rate:,.0f}", f"{through.rate / direct.rate:.2f}",
+                      f"{cpu_ms:.2f} ms")
+    console.print(table)
+    (small, rss_small), (big, rss_big) = memory
+    console.print(f"gateway RSS after {small:,} calls: {rss_small:.0f} MB; after {big:,} calls: {rss_big:.0f} MB "
+                  f"({rss_big - rss_small:+.0f} MB)")
+    summary = {"rows": [{"stream": s, "clients": lv, "engine_p50_ms": d.p50, "gateway_p50_ms": t.p50,
+                         "engine_p99_ms": d.p99, "gateway_p99_ms": t.p99, "engine_rps": d.rate,
+                         "gateway_rps": t.rate, "gateway_cpu_ms_per_call": c} for s, lv, d, t, c in rows],
+               "rss_mb": memory}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    plot(rows, args.out)
+
+
+def plot(rows: list[tuple[bool, int, Result, Result, float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, stream in zip(axes, (False, True), strict=True):
+        mine = [r for r in rows if r[0] == stream]
+        x = range(len(mine))
+        ax.bar([i - 0.2 for i in x], [r[2].rate for r in mine], width=0.4, label="straight to the engine")
+        ax.bar([i + 0.2 for i in x], [r[3].rate for r in mine], width=0.4, label="through the gateway")
+        ax.set_xticks(list(x), [f"{r[1]} clients" for r in mine])
+        ax.set_ylabel("calls / s")
+        ax.set_title("streaming" if stream else "non-streaming", fontsize=10)
+        for i, r in enumerate(mine):
+            ax.text(i + 0.2, r[3].rate, f"+{r[3].p50 - r[2].p50:.1f} ms p50", ha="center", va="bottom", fontsize=7)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Tether gateway overhead on a 2-core machine (FakeVLLM engine, Kafka acks=all)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    console.print(f"plot: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The engine pool: rollouts pinned to one engine, bounded retries on failures, engine refusals are the caller's."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.engines import EnginePool
+from gateway.errors import EngineFailed, InvalidRequest
+
+
+def test_a_rollout_always_goes_to_the_same_engine_and_all_engines_are_used() -> None:
+    pool = EnginePool(["http://a:1", "http://b:2", "http://c:3"])
+    picks = Counter(pool.pick(f"rollout-{i}") for i in range(3000))
+    assert set(picks) == {"http://a:1", "http://b:2", "http://c:3"}
+    assert min(picks.values()) > 800  # roughly even
+    assert all(pool.pick(f"rollout-{i}") == pool.pick(f"rollout-{i}") for i in range(100))
+
+
+@pytest.fixture
+async def flaky() -> AsyncIterator[tuple[str, list[int]]]:
+    """An engine that fails with the scripted statuses before it answers."""
+    statuses: list[int] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        status = statuses.pop(0) if statuses else 200
+        if status != 200:
+            return web.json_response({"error": {"message": f"status {status}"}}, status=status)
+        return web.json_response({"choices": [{"index": 0, "text": "ok", "token_ids": [1]}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), statuses
+    finally:
+        await server.close()
+
+
+async def test_5xx_is_retried_then_answered(flaky: tuple[str, list[int]]) -> None:
+    url, statuses = flaky
+    statuses += [503, 500]
+    pool = EnginePool([url], retries=3, backoff_s=0.01)
+    try:
+        assert (await pool.complete("r", {}))["choices"][0]["text"] == "ok"
+        assert statuses == []
+    finally:
+        await pool.close()
+
+
+async def test_retries_are_bounded(flaky: tuple[str, list[int]]) -> None:
+    url, statuses = flaky
+    statuses += [503] * 10
+    pool = EnginePool([url], retries=2, backoff_s=0.01)
+    try:
+        with pytest.raises(EngineFailed, match="503"):
+            await pool.complete("r", {})
+        assert len(statuses) == 7  # three attempts: the first and two retries
+    finally:
+        await pool.close()
+
+
+async def test_a_refusal_is_the_callers_error_and_not_retried(flaky: tuple[str, list[int]]) -> None:
+    url, statuses = flaky
+    statuses += [400, 400]
+    pool = EnginePool([url], retries=3, backoff_s=0.01)
+    try:
+        with pytest.raises(InvalidRequest, match="status 400"):
+            await pool.complete("r", {})
+        assert statuses == [400]
+    finally:
+        await pool.close()
+
+
+async def test_an_absent_engine_fails_after_the_retries() -> None:
+    pool = EnginePool(["http://127.0.0.1:1"], retries=1, backoff_s=0.01)
+    try:
+        with pytest.raises(EngineFailed, match="2 attempts"):
+            await pool.complete("r", {})
+    finally:
+        await pool.close()
