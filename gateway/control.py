@@ -74,9 +74,11 @@ class ControlLoop:
 
     async def _joined(self) -> None:
         await self.producer.publish(GatewayJoined(run_id=self.run_id, gateway_id=self.gateway_id, url=self.url))
+        log.info("gateway %s joined run %s at weight version %d", self.gateway_id, self.run_id, self.version)
         self.ready.set()
 
     def _pause(self, version: int) -> None:
+        log.info("pausing for weight version %d", version)
         self.gate.pause(version)
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._report_drained(version))
@@ -89,6 +91,7 @@ class ControlLoop:
             log.info("drained for version %d with %d calls held", version, self.gate.held)
 
     def _resume(self) -> None:
+        log.info("resuming at weight version %d", self.version)
         if self._drain is not None and not self._drain.done():
             self._drain.cancel()
         self.gate.resume()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -11,11 +12,23 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"t": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                 "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
 def serve(settings: GatewaySettings) -> None:
     # Encoding one prompt on a thread pool costs more than it saves, and the cores are the engine's.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.INFO, format='{"t": "%(asctime)s", "level": "%(levelname)s", '
-                        '"logger": "%(name)s", "msg": "%(message)s"}')
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
                 limit_concurrency=4096, timeout_keep_alive=30)

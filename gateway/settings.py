@@ -1,4 +1,8 @@
-"""How one gateway process runs; read once from TETHER_GATEWAY_* variables (and TETHER_BUS_* for Kafka)."""
+"""How one gateway process runs; read once from TETHER_GATEWAY_* variables (and TETHER_BUS_* for Kafka).
+
+A YAML file named by TETHER_GATEWAY_CONFIG supplies the same fields (lowest
+priority: the environment wins over it, flags over both).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,12 @@ import os
 import socket
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from schemas.settings import BusSettings
 
@@ -37,3 +46,13 @@ class GatewaySettings(BaseSettings):
     @property
     def url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = os.environ.get("TETHER_GATEWAY_CONFIG")
+        files = (YamlConfigSettingsSource(settings_cls, yaml_file=config),) if config else ()
+        return (init_settings, env_settings, *files)

@@ -31,6 +31,16 @@ settings.register_profile(
 settings.load_profile("default")
 
 
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate, and kill if it does not go within 30 s: a test never leaves a server behind."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -112,8 +122,7 @@ def engine_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     try:
         yield RunningEngine(url, str(tiny_model), process)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop(process)
         log.close()
 
 
@@ -174,8 +183,7 @@ def gateway_server(bus: BusSettings, engine_server: RunningEngine, tiny_model: P
     try:
         yield gw
     finally:
-        gw.process.terminate()
-        gw.process.wait(timeout=30)
+        stop(gw.process)
 
 
 TOOL_REPLY = '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
@@ -201,8 +209,7 @@ def fake_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         yield RunningEngine(url, "fake-vllm", process)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop(process)
         log.close()
 
 
@@ -214,5 +221,4 @@ def scripted_gateway(bus: BusSettings, fake_vllm: RunningEngine, tiny_model: Pat
     try:
         yield gw
     finally:
-        gw.process.terminate()
-        gw.process.wait(timeout=30)
+        stop(gw.process)

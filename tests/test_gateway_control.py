@@ -27,7 +27,7 @@ from schemas.events import (
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import RunningEngine, RunningGateway, broker_settings, free_port, start_gateway
+from tests.conftest import RunningEngine, RunningGateway, broker_settings, free_port, start_gateway, stop
 from tests.test_gateway_openai import new_rollout, recorded
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "x?"}], "max_tokens": 4}
@@ -101,8 +101,7 @@ def test_kafka_down_is_a_503_and_the_gateway_recovers(own_broker: KafkaBroker, f
         sealed = httpx.post(f"{gw.url}/admin/rollouts/{rollout_id}/seal", headers=gw.admin(), timeout=60).json()
         assert sealed["n_calls"] == 2  # the refused call is not part of the rollout
     finally:
-        gw.process.terminate()
-        gw.process.wait(timeout=30)
+        stop(gw.process)
 
 
 def test_engine_down_is_a_502_recorded_as_an_error(bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
@@ -120,8 +119,7 @@ def test_engine_down_is_a_502_recorded_as_an_error(bus: BusSettings, tiny_model:
         assert call.status == "error" and call.http_status == 502 and call.error
         assert httpx.get(f"{gw.url}/health").status_code == 200
     finally:
-        gw.process.terminate()
-        gw.process.wait(timeout=30)
+        stop(gw.process)
 
 
 def test_a_call_held_too_long_gets_a_503_with_retry_after(bus: BusSettings, fake_vllm: RunningEngine,
@@ -138,8 +136,7 @@ def test_a_call_held_too_long_gets_a_503_with_retry_after(bus: BusSettings, fake
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=ASK, headers={"authorization": f"Bearer {token}"})
         assert r.status_code == 200
     finally:
-        gw.process.terminate()
-        gw.process.wait(timeout=30)
+        stop(gw.process)
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [

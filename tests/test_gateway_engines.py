@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -11,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.engines import EnginePool
 from gateway.errors import EngineFailed, InvalidRequest
+from gateway.settings import GatewaySettings
 
 
 def test_a_rollout_always_goes_to_the_same_engine_and_all_engines_are_used() -> None:
@@ -84,3 +86,13 @@ async def test_an_absent_engine_fails_after_the_retries() -> None:
             await pool.complete("r", {})
     finally:
         await pool.close()
+
+
+def test_settings_come_from_a_yaml_file_below_the_environment(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("port: 9123\nmax_hold_s: 5\nengines: [http://e1:1, http://e2:2]\n")
+    monkeypatch.setenv("TETHER_GATEWAY_CONFIG", str(config))
+    monkeypatch.setenv("TETHER_GATEWAY_PORT", "9555")
+    settings = GatewaySettings()
+    assert (settings.port, settings.max_hold_s, settings.engines) == (9555, 5.0, ["http://e1:1", "http://e2:2"])

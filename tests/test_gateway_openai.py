@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from schemas import topics
 from schemas.consumer import EventConsumer
@@ -44,7 +46,8 @@ async def recorded(bus: BusSettings, rollout_id: str, wanted: int) -> list[Model
     raise AssertionError("unreachable")
 
 
-def test_chat_call_is_answered_and_recorded(gateway_server: RunningGateway, bus: BusSettings) -> None:
+def test_chat_call_is_answered_and_recorded(gateway_server: RunningGateway, bus: BusSettings,
+                                            tiny_model: Path) -> None:
     rollout_id, token = new_rollout(gateway_server)
     client = sdk(gateway_server, token)
     out = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say hi."}],
@@ -62,6 +65,9 @@ def test_chat_call_is_answered_and_recorded(gateway_server: RunningGateway, bus:
     assert json.loads(call.response_json)["choices"][0]["message"]["content"] == out.choices[0].message.content
     assert len(call.response_token_ids) == len(call.response_logprobs) == out.usage.completion_tokens
     assert len(call.prompt_token_ids) == out.usage.prompt_tokens
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    assert tokenizer.decode(call.response_token_ids, skip_special_tokens=True) == out.choices[0].message.content
+    assert str(tokenizer.decode(call.prompt_token_ids)).endswith("Say hi.<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_a_token_cannot_write_to_another_rollout(gateway_server: RunningGateway) -> None:
