@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.errors import RecordingFailed
-from schemas.errors import BusError
+from gateway.errors import InvalidRequest, RecordingFailed
+from schemas.errors import BusError, EncodeError
 from schemas.events import ModelCall, RewardReported, RolloutSealed
 from schemas.producer import EventProducer
 
@@ -16,6 +16,8 @@ class Recorder:
         """All the call's events (one per choice) acknowledged, or RecordingFailed: then nothing counts."""
         try:
             await self._producer.publish_many(calls)
+        except EncodeError as exc:  # e.g. a lone UTF-16 surrogate in the request: not storable, not served
+            raise InvalidRequest(f"the call cannot be recorded as sent: {exc}") from exc
         except BusError as exc:
             raise RecordingFailed(f"the call could not be recorded ({exc}); it was not served",
                                   retry_after_s=5) from exc
