@@ -14,7 +14,6 @@ import asyncio
 import json
 import random
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
+from infra.processes import free_port
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
@@ -168,13 +168,6 @@ def report(stages: list[Stage], event_bytes: float, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     console.print(f"plot: {out}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from infra.processes import free_port, stop, wait_healthy
+
 console = Console()
 LEVELS = (1, 8, 32)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def run_level(url: str, model: str, concurrency: int, tokens: int, requests: int) -> float:
@@ -81,15 +75,7 @@ def main() -> None:
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with console.status("starting the engine..."):
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.3)
-            else:
-                raise SystemExit("the engine did not start")
+            wait_healthy(url, server, "the engine")
         results: dict[int, float] = {}
         with Progress(console=console) as bar:
             task = bar.add_task("concurrency levels", total=len(LEVELS))
@@ -97,8 +83,7 @@ def main() -> None:
                 results[level] = asyncio.run(run_level(url, str(model), level, args.tokens, level * args.rounds))
                 bar.advance(task)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 

@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from rich.table import Table
 
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
+from infra.processes import free_port, stop, wait_healthy
 from schemas.admin import ensure_topics
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
@@ -47,26 +47,6 @@ LEVELS = (1, 16, 64)
 REPLY = "Sure, here is a short answer."
 MESSAGES = [{"role": "system", "content": "You are a helpful agent."},
             {"role": "user", "content": "Summarise the file in one line."}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{what} exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    raise SystemExit(f"{what} did not start")
 
 
 @dataclass
@@ -211,8 +191,7 @@ def main() -> None:
                 memory.append((done, rss_mb(gateway_pid)))
     finally:
         for p in processes:
-            p.terminate()
-            p.wait(timeout=30)
+            stop(p)
         broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 

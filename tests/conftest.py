@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
+from infra.processes import free_port, stop, wait_healthy
 from schemas.admin import ensure_topics
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -31,21 +30,15 @@ settings.register_profile(
 settings.load_profile("default")
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Terminate, and kill if it does not go within 30 s: a test never leaves a server behind."""
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def spawn(args: list[str], log: Path, what: str, port: int, env: dict[str, str] | None = None
+          ) -> tuple[str, subprocess.Popen[bytes]]:
+    """A server as its own process, its output in `log`; returns once /health answers."""
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process, what, log=log)
+    return url, process
 
 
 def broker_settings(state_dir: Path) -> BrokerSettings:
@@ -101,29 +94,12 @@ class RunningEngine:
 def engine_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
     """`tether engine serve` as its own process, on a free port."""
     port = free_port()
-    log = (tmp_path_factory.mktemp("engine") / "engine.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(tiny_model), "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"engine exited with {process.returncode}; see {log.name}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        process.kill()
-        raise RuntimeError(f"engine did not become healthy; see {log.name}")
+    url, process = spawn(["tether.cli", "engine", "serve", "--model", str(tiny_model), "--port", str(port)],
+                         tmp_path_factory.mktemp("engine") / "engine.log", "the engine", port)
     try:
         yield RunningEngine(url, str(tiny_model), process)
     finally:
         stop(process)
-        log.close()
 
 
 ADMIN_KEY = "test-admin-key"
@@ -153,26 +129,13 @@ class RunningGateway:
 def start_gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path, run_id: str,
                   **env: str) -> RunningGateway:
     port = free_port()
-    out = log.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine.url, "--tokenizer",
-         str(tiny_model), "--port", str(port), "--run-id", run_id],
-        stdout=out, stderr=subprocess.STDOUT,
-        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
+    url, process = spawn(
+        ["tether.cli", "gateway", "serve", "--engine", engine.url, "--tokenizer", str(tiny_model), "--port", str(port),
+         "--run-id", run_id], log, "the gateway", port,
+        env={"TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
              "TETHER_GATEWAY_ADMIN_KEY": ADMIN_KEY, "TETHER_BUS_DELIVERY_TIMEOUT_S": "5", **env},
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return RunningGateway(url, run_id, process, log)
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    process.kill()
-    raise RuntimeError(f"gateway did not become healthy: {log.read_text()[-2000:]}")
+    return RunningGateway(url, run_id, process, log)
 
 
 @pytest.fixture(scope="session")
@@ -194,23 +157,24 @@ FINAL_REPLY = "The answer is 42."
 def fake_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
     """FakeVLLM scripted as an agent's model: first a tool call, then an answer."""
     port = free_port()
-    log = (tmp_path_factory.mktemp("fake-vllm") / "fake.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(tiny_model),
-                                "--port", str(port), "--reply", TOOL_REPLY, "--reply", FINAL_REPLY],
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
+    url, process = spawn(["tests.fakes.vllm", "--tokenizer", str(tiny_model), "--port", str(port),
+                          "--reply", TOOL_REPLY, "--reply", FINAL_REPLY],
+                         tmp_path_factory.mktemp("fake-vllm") / "fake.log", "FakeVLLM", port)
     try:
         yield RunningEngine(url, "fake-vllm", process)
     finally:
         stop(process)
-        log.close()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    """A broker of the test's own, for tests that stop or kill it."""
+    kafka = KafkaBroker(broker_settings(tmp_path / "kafka"))
+    try:
+        kafka.start()
+        yield kafka
+    finally:
+        kafka.stop(force=True)
 
 
 @pytest.fixture(scope="session")

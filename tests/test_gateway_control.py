@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -14,6 +13,7 @@ import openai
 import pytest
 
 from infra.kafka.launcher import KafkaBroker
+from infra.processes import free_port, stop
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
@@ -27,7 +27,7 @@ from schemas.events import (
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import RunningEngine, RunningGateway, broker_settings, free_port, start_gateway, stop
+from tests.conftest import RunningEngine, RunningGateway, start_gateway
 from tests.test_gateway_openai import new_rollout, recorded
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "x?"}], "max_tokens": 4}
@@ -70,16 +70,6 @@ async def test_update_holds_calls_drains_and_resumes(scripted_gateway: RunningGa
     assert response.status_code == 200
     (call,) = [c for c in await recorded(bus, rollout_id, 1) if isinstance(c, ModelCall)]
     assert call.weight_version == version and call.timings.queued_ms > 0
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
-    kafka = KafkaBroker(broker_settings(tmp_path / "kafka"))
-    try:
-        kafka.start()
-        yield kafka
-    finally:
-        kafka.stop(force=True)
 
 
 def test_kafka_down_is_a_503_and_the_gateway_recovers(own_broker: KafkaBroker, fake_vllm: RunningEngine,

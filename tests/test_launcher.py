@@ -15,7 +15,8 @@ from infra.kafka import jars
 from infra.kafka.config import server_properties
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
-from tests.conftest import broker_settings, free_port
+from infra.processes import free_port
+from tests.conftest import broker_settings
 
 TETHER = [sys.executable, "-m", "tether.cli"]
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
-
-import pytest
 
 from infra.kafka.launcher import KafkaBroker
 from schemas import topics
@@ -19,22 +15,10 @@ from schemas.errors import DeliveryError
 from schemas.events import ModelCall
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import broker_settings
 from tests.factories import example
 
 BEFORE, BURST, AFTER = 200, 64, 300  # events acknowledged before the crash, sent at it, sent through the outage
 IN_FLIGHT = 16
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
-    """This test kills its broker, so it gets one of its own."""
-    kafka = KafkaBroker(broker_settings(tmp_path / "kafka"))
-    try:
-        kafka.start()
-        yield kafka
-    finally:
-        kafka.stop(force=True)
 
 
 async def test_acknowledged_events_survive_a_broker_crash_exactly_once(own_broker: KafkaBroker) -> None:
