@@ -31,13 +31,14 @@ class Sampled:
     top_logprobs: torch.Tensor  # [B, K] float
 
 
-def distribution(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def distribution(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                 any_nucleus: bool | None = None) -> torch.Tensor:
     """Log-probabilities each row samples from: [B, V] logits, [B] temperature (0 = greedy), [B] top_p."""
     logits = logits.float()
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     logp = torch.log_softmax(logits / scale[:, None], dim=-1)
     nucleus = (top_p < 1.0) & (temperature > 0)
-    if bool(nucleus.any()):
+    if any_nucleus if any_nucleus is not None else bool(nucleus.any()):
         sorted_logp, order = logp.sort(dim=-1, descending=True)
         before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()  # mass of strictly better tokens
         drop_sorted = (before >= top_p[:, None]) & nucleus[:, None]
@@ -50,15 +51,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[random
     """One token per row, drawn with that row's own random stream (seeded requests have their own, so they
     are reproducible whatever else is in the batch)."""
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
+    temperatures = [p.temperature for p in params]
+    temperature = torch.tensor(temperatures, device=device, dtype=torch.float32)
     top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-    logp = distribution(logits, temperature, top_p)
+    any_nucleus = any(p.top_p < 1.0 and p.temperature > 0 for p in params)  # decided here: no device sync
+    logp = distribution(logits, temperature, top_p, any_nucleus)
     # Inverse-CDF sampling needs one uniform number per row, not one per vocabulary entry.
-    uniform = torch.tensor([[rng.random()] for rng in rngs], dtype=torch.float64)
+    uniform = torch.tensor([[rng.random()] for rng in rngs], dtype=torch.float32, device=device)
     cdf = logp.exp().cumsum(dim=-1)
-    drawn = torch.searchsorted(cdf, (uniform.to(device) * cdf[:, -1:]).to(cdf.dtype), right=True).squeeze(-1)
-    drawn = drawn.clamp_(max=logp.shape[1] - 1)
-    tokens = torch.where(temperature > 0, drawn, logp.argmax(dim=-1))
+    drawn = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=logp.shape[1] - 1)
+    greedy = any(t == 0 for t in temperatures)
+    tokens = torch.where(temperature > 0, drawn, logp.argmax(dim=-1)) if greedy else drawn
     k = max((p.top_logprobs for p in params), default=0)
     top = logp.topk(k, dim=-1) if k else None
     empty = torch.empty(len(params), 0, device=device)
