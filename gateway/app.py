@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -110,19 +111,22 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return token_rollout
 
     def admin(request: Request) -> None:
-        if api_key(request) != settings.admin_key:
+        if not hmac.compare_digest((api_key(request) or "").encode(), settings.admin_key.encode()):
             raise Unauthorized("admin endpoints need the admin key")
 
     async def body_of(request: Request) -> dict[str, Any]:
         declared = int(request.headers.get("content-length") or 0)
         if declared > settings.max_body_bytes:
             raise BodyTooLarge(f"request body over {settings.max_body_bytes} bytes")
-        raw = await request.body()
-        if len(raw) > settings.max_body_bytes:
-            raise BodyTooLarge(f"request body over {settings.max_body_bytes} bytes")
+        parts, size = [], 0
+        async for part in request.stream():  # a chunked upload is capped as it arrives, not after
+            size += len(part)
+            if size > settings.max_body_bytes:
+                raise BodyTooLarge(f"request body over {settings.max_body_bytes} bytes")
+            parts.append(part)
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = json.loads(b"".join(parts))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise InvalidRequest(f"malformed JSON body: {exc}") from exc
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")

@@ -17,6 +17,7 @@ from gateway.gate import Gate
 from gateway.metrics import Metrics
 from schemas import topics
 from schemas.consumer import EventConsumer
+from schemas.errors import BusError
 from schemas.events import (
     GatewayDrained,
     GatewayJoined,
@@ -80,15 +81,22 @@ class ControlLoop:
     def _pause(self, version: int) -> None:
         log.info("pausing for weight version %d", version)
         self.gate.pause(version)
-        if self._drain is None or self._drain.done():
-            self._drain = asyncio.create_task(self._report_drained(version))
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()  # each UpdateRequested gets its own GatewayDrained
+        self._drain = asyncio.create_task(self._report_drained(version))
 
     async def _report_drained(self, version: int) -> None:
         await self.gate.drained()
-        if self.gate.paused_for == version:
-            await self.producer.publish(GatewayDrained(run_id=self.run_id, version=version,
-                                                       gateway_id=self.gateway_id, held_calls=self.gate.held))
+        while self.gate.paused_for == version:
+            try:
+                await self.producer.publish(GatewayDrained(run_id=self.run_id, version=version,
+                                                           gateway_id=self.gateway_id, held_calls=self.gate.held))
+            except BusError as exc:  # the trainer waits for this: keep trying while the pause lasts
+                log.warning("could not report the drain for version %d: %s", version, exc)
+                await asyncio.sleep(1.0)
+                continue
             log.info("drained for version %d with %d calls held", version, self.gate.held)
+            return
 
     def _resume(self) -> None:
         log.info("resuming at weight version %d", self.version)

@@ -61,6 +61,7 @@ class EnginePool:
     async def stream(self, rollout_id: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Engine chunks as they come; retried while nothing has been read yet."""
         url = f"{self.pick(rollout_id)}/v1/completions"
+        started = False
         for attempt in range(self.retries + 1):
             try:
                 async with self._http.post(url, json={**body, "stream": True}) as response:
@@ -73,12 +74,15 @@ class EnginePool:
                         chunk: dict[str, Any] = json.loads(line[6:])
                         if "error" in chunk:
                             raise EngineFailed(f"engine error mid-stream: {chunk['error'].get('message')}")
+                        started = True
                         yield chunk
                     return
             except (*RETRYABLE, _Retry) as exc:
-                if attempt == self.retries:
-                    raise EngineFailed(f"engine at {url} failed: {exc}") from exc
+                if started or attempt == self.retries:  # output already went out: a retry would repeat it
+                    raise EngineFailed(f"engine at {url} failed: {exc!r}") from exc
                 await self._sleep(attempt)
+            except (aiohttp.ClientError, ValueError) as exc:
+                raise EngineFailed(f"engine at {url} answered badly: {exc!r}") from exc
 
     async def _with_retries(self, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
@@ -92,6 +96,8 @@ class EnginePool:
             except (*RETRYABLE, _Retry) as exc:
                 if attempt == self.retries:
                     raise EngineFailed(f"engine at {url} failed after {attempt + 1} attempts: {exc!r}") from exc
+            except (aiohttp.ClientError, ValueError) as exc:
+                raise EngineFailed(f"engine at {url} answered badly: {exc!r}") from exc
             await self._sleep(attempt)
         raise AssertionError("unreachable")
 

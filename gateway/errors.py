@@ -6,6 +6,7 @@
     ├── Forbidden           403  a rollout token used for another rollout
     ├── RolloutNotFound     404  the rollout was never registered
     ├── RolloutSealed       409  the rollout is sealed: its record is closed
+    ├── InternalError       500  a bug or an unforeseen failure inside the gateway (recorded all the same)
     ├── EngineFailed        502  the inference engine failed or answered with an error
     └── Unavailable         503  the call was not served; Retry-After says when to try again
         ├── RecordingFailed      Kafka did not acknowledge the call's event
@@ -67,6 +68,10 @@ class RolloutNotFound(GatewayError):
 
 class RolloutSealed(GatewayError):
     status = 409
+
+
+class InternalError(GatewayError):
+    status = 500
 
 
 class EngineFailed(GatewayError):

@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.chat import ChatRequest, Generation, message_key
 from gateway.engines import EnginePool
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InternalError
 from gateway.gate import Gate
 from gateway.metrics import Metrics
 from gateway.recorder import Recorder
@@ -97,6 +97,7 @@ class Gateway:
         started = time.perf_counter()
         self.metrics.requests.labels(call.api).inc()
         async with self.gate.admit() as held_s:
+            rollout = self.rollouts.open(call.rollout_id)  # it may have been sealed while the call was held
             seq = self.rollouts.begin_call(rollout)
             call_id = f"call-{uuid.uuid4().hex}"
             acknowledged: list[str] | None = None
@@ -127,10 +128,15 @@ class Gateway:
                 self.metrics.tokens.labels("prompt").inc(len(prompt))
                 self.metrics.tokens.labels("completion").inc(usage["completion_tokens"])
                 yield Finished(generations, usage, version, response)
-            except GatewayError as exc:
-                self.metrics.errors.labels(call.api, str(exc.status)).inc()
-                acknowledged = await self._record_failure(call, rollout, seq, call_id, prompt, received, held_s, exc)
-                raise
+            except Exception as exc:
+                # Whatever went wrong is on the record, and the harness gets it in its own protocol.
+                error = exc if isinstance(exc, GatewayError) else InternalError(f"the gateway failed: {exc!r}")
+                self.metrics.errors.labels(call.api, str(error.status)).inc()
+                acknowledged = await self._record_failure(call, rollout, seq, call_id, prompt, received, held_s,
+                                                          error)
+                if error is exc:
+                    raise
+                raise error from exc
             finally:
                 self.rollouts.end_call(rollout, acknowledged or [])
                 self.metrics.latency.labels(call.api).observe(time.perf_counter() - started)
@@ -173,7 +179,8 @@ class Gateway:
         """The failed call is on the record too; if even that cannot be stored, the harness learns of it."""
         failed = Generation(0, [], [], [], "", "error")
         body = exc.openai_body() if call.api.startswith("openai") else exc.anthropic_body()
-        record = self._event(call, rollout, seq, f"{call_id}-0", failed, prompt, self.version, body, received,
+        # Its own id: after a delivery timeout the success event may still land under "{call_id}-0".
+        record = self._event(call, rollout, seq, f"{call_id}-error", failed, prompt, self.version, body, received,
                              held_s, 0.0, exc.status, exc.message)
         try:
             await self._record([record])

@@ -31,7 +31,8 @@ class GatewaySettings(BaseSettings):
     secret: str = Field("tether-dev-secret", min_length=8, description="HMAC key of rollout tokens.")
     admin_key: str = Field("tether-dev-admin", min_length=8, description="Key for /admin endpoints.")
     path_binding_requires_token: bool = Field(
-        False, description="If set, /rollouts/{id}/v1/... also needs that rollout's token as the API key."
+        True, description="/rollouts/{id}/v1/... also needs that rollout's token as the API key; turn off only "
+        "for harnesses whose key cannot be set, on a network where rollouts trust each other."
     )
     engines: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8100"])
     tokenizer: str = Field(".tether/models/tiny", description="Model directory or name whose chat template renders.")

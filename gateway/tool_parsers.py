@@ -33,14 +33,13 @@ class HermesParser:
             try:
                 body = json.loads(match.group(1))
                 name, arguments = body["name"], body.get("arguments", {})
-                if not isinstance(name, str):
-                    raise TypeError("name")
+                if not isinstance(name, str) or not isinstance(arguments, dict):
+                    raise TypeError("a call needs a string name and an object of arguments")
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # not a well-formed call: it stays text, the harness sees what the model wrote
             kept.append(text[last:match.start()])
             last = match.end()
-            arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
-            calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments_json))
+            calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=json.dumps(arguments)))
         kept.append(text[last:])
         return "".join(kept).strip() if calls else text, calls
 

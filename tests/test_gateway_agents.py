@@ -90,8 +90,8 @@ def test_anthropic_sdk_tool_use_loop(scripted_gateway: RunningGateway, bus: BusS
 
 def test_anthropic_sdk_streaming(scripted_gateway: RunningGateway) -> None:
     rollout_id = f"r-{uuid.uuid4().hex[:10]}"
-    scripted_gateway.register(rollout_id)
-    client = anthropic.Anthropic(base_url=f"{scripted_gateway.url}/rollouts/{rollout_id}", api_key="unused",
+    token = scripted_gateway.register(rollout_id)
+    client = anthropic.Anthropic(base_url=f"{scripted_gateway.url}/rollouts/{rollout_id}", api_key=token,
                                  max_retries=0)
     with client.messages.stream(model="claude-x", max_tokens=64, tools=[ANTHROPIC_LOOKUP],
                                 messages=[{"role": "user", "content": "x?"}]) as stream:

@@ -17,8 +17,9 @@ from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import ModelCall, RolloutSealed
 from schemas.producer import EventProducer
+from schemas.rollout_token import mint
 from schemas.settings import BusSettings
-from tests.conftest import RunningGateway
+from tests.conftest import SECRET, RunningGateway
 
 LOOKUP: Any = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                            "parameters": {"type": "object",
@@ -81,8 +82,22 @@ def test_a_token_cannot_write_to_another_rollout(gateway_server: RunningGateway)
             model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
 
 
+def test_path_binding_needs_the_rollouts_own_token(gateway_server: RunningGateway) -> None:
+    rollout_id, token = new_rollout(gateway_server)
+    url = f"{gateway_server.url}/rollouts/{rollout_id}/v1/chat/completions"
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert httpx.post(url, json=body).status_code == 401
+    assert httpx.post(url, json=body, headers={"authorization": "Bearer EMPTY"}).status_code == 401
+    assert httpx.post(url, json=body, headers={"authorization": f"Bearer {token}"}).status_code == 200
+    # The rollout comes from the path only, never from a query string.
+    assert httpx.post(f"{gateway_server.url}/v1/chat/completions", params={"rollout_id": rollout_id},
+                      json=body).status_code == 401
+    assert httpx.get(f"{gateway_server.url}/admin/state", headers={"authorization": "Bearer nope"}).status_code == 401
+
+
 def test_unknown_and_sealed_rollouts(gateway_server: RunningGateway) -> None:
-    client = openai.OpenAI(base_url=f"{gateway_server.url}/rollouts/nobody/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=f"{gateway_server.url}/rollouts/nobody/v1", api_key=mint("nobody", SECRET),
+                           max_retries=0)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     rollout_id, token = new_rollout(gateway_server)

@@ -90,3 +90,12 @@ def test_without_reuse_text_is_rendered_by_the_template(tokenizer: PreTrainedTok
     assert rendered.reused_turns == 0
     assert rendered.prompt_ids == tokenizer(rendered.text, add_special_tokens=False)["input_ids"]
     assert rendered.text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_call_needs_a_name_and_an_object_of_arguments() -> None:
+    parser = HermesParser()
+    content, calls = parser.parse('<tool_call>\n{"name": "run", "arguments": "ls -la"}\n</tool_call>')
+    assert calls == [] and "ls -la" in content  # not a well-formed call: the harness sees the text
+    content, calls = parser.parse('Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n'
+                                  '</tool_call>')
+    assert content == "Let me look." and [(c.name, json.loads(c.arguments)) for c in calls] == [("lookup", {"q": "x"})]
