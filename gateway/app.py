@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
@@ -114,7 +115,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         if not hmac.compare_digest((api_key(request) or "").encode(), settings.admin_key.encode()):
             raise Unauthorized("admin endpoints need the admin key")
 
-    async def body_of(request: Request) -> dict[str, Any]:
+    async def body_of(request: Request) -> tuple[str, dict[str, Any]]:
+        """The body as the harness sent it (kept for the record) and parsed."""
         declared = int(request.headers.get("content-length") or 0)
         if declared > settings.max_body_bytes:
             raise BodyTooLarge(f"request body over {settings.max_body_bytes} bytes")
@@ -125,12 +127,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 raise BodyTooLarge(f"request body over {settings.max_body_bytes} bytes")
             parts.append(part)
         try:
-            body = json.loads(b"".join(parts))
+            raw = b"".join(parts).decode()
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise InvalidRequest(f"malformed JSON body: {exc}") from exc
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
-        return body
+        return raw, body
 
     def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
         try:
@@ -158,7 +161,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def serve(call: Call, stream: bool, sse: Callable[[Any], AsyncIterator[str]]) -> Response:
         if not stream:
             finished = await gw().complete(call)
-            return JSONResponse(finished.response)
+            return Response(orjson.dumps(finished.response), media_type="application/json")
         items = gw().stream(call)
         first = await anext(items)  # binding, holding and rendering errors are still plain HTTP errors here
         assert isinstance(first, Started)
@@ -173,28 +176,28 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @protocol_errors(anthropic=False)
     async def chat(request: Request, rollout_id: str | None) -> Response:
         rollout = bind(request, rollout_id)
-        body = await body_of(request)
+        raw, body = await body_of(request)
         parsed: openai_chat.ChatCompletionRequest = parse(openai_chat.ChatCompletionRequest, body)
         responder = openai_chat.Responder(parsed, state["decode"])
-        call = Call(rollout, "openai.chat", json.dumps(body), parsed.to_chat(), responder.body)
+        call = Call(rollout, "openai.chat", raw, parsed.to_chat(), responder.body)
         return await serve(call, parsed.stream, responder.sse)
 
     @protocol_errors(anthropic=False)
     async def completions(request: Request, rollout_id: str | None) -> Response:
         rollout = bind(request, rollout_id)
-        body = await body_of(request)
+        raw, body = await body_of(request)
         parsed: openai_completions.CompletionRequest = parse(openai_completions.CompletionRequest, body)
         responder = openai_completions.Responder(parsed, state["decode"])
-        call = Call(rollout, "openai.completions", json.dumps(body), parsed.to_chat(), responder.body)
+        call = Call(rollout, "openai.completions", raw, parsed.to_chat(), responder.body)
         return await serve(call, parsed.stream, responder.sse)
 
     @protocol_errors(anthropic=True)
     async def messages(request: Request, rollout_id: str | None) -> Response:
         rollout = bind(request, rollout_id)
-        body = await body_of(request)
+        raw, body = await body_of(request)
         parsed: anthropic_messages.MessagesRequest = parse(anthropic_messages.MessagesRequest, body)
         responder = anthropic_messages.Responder(parsed)
-        call = Call(rollout, "anthropic.messages", json.dumps(body), parsed.to_chat(), responder.body)
+        call = Call(rollout, "anthropic.messages", raw, parsed.to_chat(), responder.body)
         return await serve(call, parsed.stream, responder.sse)
 
     @protocol_errors(anthropic=False)
@@ -215,7 +218,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         key = api_key(request)
         if not key or verify(key, settings.secret) != rollout_id:
             raise Forbidden("a reward needs this rollout's token as the API key")
-        parsed: Reward = parse(Reward, await body_of(request))
+        parsed: Reward = parse(Reward, (await body_of(request))[1])
         rollout = gw().rollouts.get(rollout_id)
         if parsed.reward != parsed.reward or parsed.reward in (float("inf"), float("-inf")):
             raise InvalidRequest("reward must be a finite number", "reward")
@@ -231,7 +234,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @protocol_errors(anthropic=False)
     async def register(request: Request, rollout_id: str | None) -> Response:
         admin(request)
-        parsed: Register = parse(Register, await body_of(request))
+        parsed: Register = parse(Register, (await body_of(request))[1])
         rollout = gw().rollouts.register(parsed.rollout_id, parsed.run_id or settings.run_id)
         return JSONResponse({"rollout_id": rollout.rollout_id, "run_id": rollout.run_id})
 
@@ -257,7 +260,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @protocol_errors(anthropic=False)
     async def pause(request: Request, rollout_id: str | None) -> Response:
         admin(request)
-        parsed: Pause = parse(Pause, await body_of(request))
+        parsed: Pause = parse(Pause, (await body_of(request))[1])
         gate.pause(parsed.version)
         await gate.drained()
         return JSONResponse({"paused": True, "in_flight": gate.in_flight, "held": gate.held})

@@ -8,13 +8,14 @@ acknowledged by Kafka; a call that fails is recorded too, with its error.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+import orjson
 
 from gateway.chat import ChatRequest, Generation, message_key
 from gateway.engines import EnginePool
@@ -195,7 +196,7 @@ class Gateway:
         return events.ModelCall(
             call_id=call_id, rollout_id=rollout.rollout_id, run_id=rollout.run_id, gateway_id=self.gateway_id,
             seq=seq, choice_index=g.index, api=call.api, model=self.model, request_json=call.request_json,
-            response_json=json.dumps(response), prompt_token_ids=prompt, response_token_ids=g.token_ids,
+            response_json=orjson.dumps(response).decode(), prompt_token_ids=prompt, response_token_ids=g.token_ids,
             response_logprobs=g.logprobs, weight_version=version,
             sampling=events.Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens or 0,
                                      seed=s.seed),
