@@ -173,32 +173,26 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
         return StreamingResponse(sse(replay()), media_type="text/event-stream")
 
-    @protocol_errors(anthropic=False)
-    async def chat(request: Request, rollout_id: str | None) -> Response:
-        rollout = bind(request, rollout_id)
-        raw, body = await body_of(request)
-        parsed: openai_chat.ChatCompletionRequest = parse(openai_chat.ChatCompletionRequest, body)
-        responder = openai_chat.Responder(parsed, state["decode"])
-        call = Call(rollout, "openai.chat", raw, parsed.to_chat(), responder.body)
-        return await serve(call, parsed.stream, responder.sse)
+    def harness_api(api: str, request_model: type[BaseModel], responder: Callable[[Any], Any],
+                    anthropic: bool) -> Endpoint:
+        """One API a harness speaks: bind, parse in that protocol, serve through the common path."""
 
-    @protocol_errors(anthropic=False)
-    async def completions(request: Request, rollout_id: str | None) -> Response:
-        rollout = bind(request, rollout_id)
-        raw, body = await body_of(request)
-        parsed: openai_completions.CompletionRequest = parse(openai_completions.CompletionRequest, body)
-        responder = openai_completions.Responder(parsed, state["decode"])
-        call = Call(rollout, "openai.completions", raw, parsed.to_chat(), responder.body)
-        return await serve(call, parsed.stream, responder.sse)
+        @protocol_errors(anthropic)
+        async def endpoint(request: Request, rollout_id: str | None) -> Response:
+            rollout = bind(request, rollout_id)
+            raw, body = await body_of(request)
+            parsed = parse(request_model, body)
+            answer = responder(parsed)
+            return await serve(Call(rollout, api, raw, parsed.to_chat(), answer.body), parsed.stream, answer.sse)
 
-    @protocol_errors(anthropic=True)
-    async def messages(request: Request, rollout_id: str | None) -> Response:
-        rollout = bind(request, rollout_id)
-        raw, body = await body_of(request)
-        parsed: anthropic_messages.MessagesRequest = parse(anthropic_messages.MessagesRequest, body)
-        responder = anthropic_messages.Responder(parsed)
-        call = Call(rollout, "anthropic.messages", raw, parsed.to_chat(), responder.body)
-        return await serve(call, parsed.stream, responder.sse)
+        return endpoint
+
+    chat = harness_api("openai.chat", openai_chat.ChatCompletionRequest,
+                       lambda parsed: openai_chat.Responder(parsed, state["decode"]), anthropic=False)
+    completions = harness_api("openai.completions", openai_completions.CompletionRequest,
+                              lambda parsed: openai_completions.Responder(parsed, state["decode"]), anthropic=False)
+    messages = harness_api("anthropic.messages", anthropic_messages.MessagesRequest,
+                           anthropic_messages.Responder, anthropic=True)
 
     @protocol_errors(anthropic=False)
     async def models(request: Request, rollout_id: str | None) -> Response:
