@@ -10,4 +10,5 @@ $tether kafka status
 $tether kafka down
 trap - EXIT
 echo
-echo "Kafka and the event contract work. The training job (gateway, processors, trainer) comes with the next issues."
+echo "Kafka and the event contract work; the engine and the gateway run on their own (tether engine serve,"
+echo "tether gateway serve). The training job that ties them together comes with the next issues."
