@@ -234,7 +234,7 @@ def plot(rows: list[tuple[bool, int, Result, Result, float]], out: Path) -> None
         ax.set_title("streaming" if stream else "non-streaming", fontsize=10)
         for i, r in enumerate(mine):
             ax.text(i + 0.2, r[3].rate, f"+{r[3].p50 - r[2].p50:.1f} ms p50", ha="center", va="bottom", fontsize=7)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper left")
     fig.suptitle("Tether gateway overhead on a 2-core machine (FakeVLLM engine, Kafka acks=all)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
