@@ -8,6 +8,7 @@ RolloutSealed lists exactly the calls whose events Kafka acknowledged.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -31,9 +32,13 @@ class Rollout:
 
 
 class Rollouts:
-    def __init__(self, max_turns_per_rollout: int = 10_000) -> None:
+    """Live rollouts, and the most recent `max_sealed` sealed ones (older ones are forgotten: 404, not 409)."""
+
+    def __init__(self, max_turns_per_rollout: int = 10_000, max_sealed: int = 100_000) -> None:
         self._by_id: dict[str, Rollout] = {}
+        self._sealed: deque[str] = deque()
         self.max_turns = max_turns_per_rollout
+        self.max_sealed = max_sealed
 
     def register(self, rollout_id: str, run_id: str) -> Rollout:
         """Idempotent: registering again returns the same rollout (the controller may retry)."""
@@ -77,7 +82,11 @@ class Rollouts:
     async def seal(self, rollout_id: str) -> Rollout:
         """Close the rollout and wait for its calls in flight; idempotent."""
         rollout = self.get(rollout_id)
-        rollout.sealed = True
+        if not rollout.sealed:
+            rollout.sealed = True
+            self._sealed.append(rollout_id)
+            while len(self._sealed) > self.max_sealed:
+                self._by_id.pop(self._sealed.popleft(), None)
         await rollout.idle.wait()
         rollout.turns.clear()
         return rollout
