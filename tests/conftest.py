@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,15 +139,22 @@ def start_gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log
     return RunningGateway(url, run_id, process, log)
 
 
-@pytest.fixture(scope="session")
-def gateway_server(bus: BusSettings, engine_server: RunningEngine, tiny_model: Path,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    gw = start_gateway(bus, engine_server, tiny_model, tmp_path_factory.mktemp("gateway") / "gateway.log",
-                       run_id=f"run-{uuid.uuid4().hex[:8]}")
+@contextmanager
+def gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path, run_id: str | None = None,
+            **env: str) -> Iterator[RunningGateway]:
+    """A gateway process for the length of a `with` block."""
+    gw = start_gateway(bus, engine, tiny_model, log, run_id or f"run-{uuid.uuid4().hex[:8]}", **env)
     try:
         yield gw
     finally:
         stop(gw.process)
+
+
+@pytest.fixture(scope="session")
+def gateway_server(bus: BusSettings, engine_server: RunningEngine, tiny_model: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    with gateway(bus, engine_server, tiny_model, tmp_path_factory.mktemp("gateway") / "gateway.log") as gw:
+        yield gw
 
 
 TOOL_REPLY = '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
@@ -180,9 +188,5 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
 @pytest.fixture(scope="session")
 def scripted_gateway(bus: BusSettings, fake_vllm: RunningEngine, tiny_model: Path,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    gw = start_gateway(bus, fake_vllm, tiny_model, tmp_path_factory.mktemp("gateway") / "scripted.log",
-                       run_id=f"run-{uuid.uuid4().hex[:8]}")
-    try:
+    with gateway(bus, fake_vllm, tiny_model, tmp_path_factory.mktemp("gateway") / "scripted.log") as gw:
         yield gw
-    finally:
-        stop(gw.process)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from infra.kafka.launcher import KafkaBroker
-from infra.processes import free_port, stop
+from infra.processes import free_port
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
@@ -27,7 +27,7 @@ from schemas.events import (
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import RunningEngine, RunningGateway, start_gateway
+from tests.conftest import RunningEngine, RunningGateway, gateway
 from tests.test_gateway_openai import new_rollout, recorded
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "x?"}], "max_tokens": 4}
@@ -76,8 +76,7 @@ def test_kafka_down_is_a_503_and_the_gateway_recovers(own_broker: KafkaBroker, f
                                                       tiny_model: Path, tmp_path: Path) -> None:
     bus = BusSettings(bootstrap_servers=own_broker.bootstrap)
     asyncio.run(ensure_topics(bus))
-    gw = start_gateway(bus, fake_vllm, tiny_model, tmp_path / "gw.log", run_id="kafka-down")
-    try:
+    with gateway(bus, fake_vllm, tiny_model, tmp_path / "gw.log", run_id="kafka-down") as gw:
         rollout_id, token = new_rollout(gw)
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
         assert client.chat.completions.create(**ASK).choices  # type: ignore[call-overload]
@@ -90,15 +89,12 @@ def test_kafka_down_is_a_503_and_the_gateway_recovers(own_broker: KafkaBroker, f
         assert client.chat.completions.create(**ASK).choices  # type: ignore[call-overload]
         sealed = httpx.post(f"{gw.url}/admin/rollouts/{rollout_id}/seal", headers=gw.admin(), timeout=60).json()
         assert sealed["n_calls"] == 2  # the refused call is not part of the rollout
-    finally:
-        stop(gw.process)
 
 
 def test_engine_down_is_a_502_recorded_as_an_error(bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
     dead = RunningEngine(f"http://127.0.0.1:{free_port()}", "gone", None)  # type: ignore[arg-type]
-    gw = start_gateway(bus, dead, tiny_model, tmp_path / "gw.log", run_id="engine-down",
-                       TETHER_GATEWAY_MODEL_NAME="tiny", TETHER_GATEWAY_ENGINE_RETRIES="1")
-    try:
+    with gateway(bus, dead, tiny_model, tmp_path / "gw.log", run_id="engine-down",
+                 TETHER_GATEWAY_MODEL_NAME="tiny", TETHER_GATEWAY_ENGINE_RETRIES="1") as gw:
         rollout_id, token = new_rollout(gw)
         client = anthropic.Anthropic(base_url=gw.url, api_key=token, max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as raised:
@@ -108,15 +104,12 @@ def test_engine_down_is_a_502_recorded_as_an_error(bus: BusSettings, tiny_model:
         (call,) = [c for c in asyncio.run(recorded(bus, rollout_id, 1)) if isinstance(c, ModelCall)]
         assert call.status == "error" and call.http_status == 502 and call.error
         assert httpx.get(f"{gw.url}/health").status_code == 200
-    finally:
-        stop(gw.process)
 
 
 def test_a_call_held_too_long_gets_a_503_with_retry_after(bus: BusSettings, fake_vllm: RunningEngine,
                                                           tiny_model: Path, tmp_path: Path) -> None:
-    gw = start_gateway(bus, fake_vllm, tiny_model, tmp_path / "gw.log", run_id=f"hold-{uuid.uuid4().hex[:6]}",
-                       TETHER_GATEWAY_MAX_HOLD_S="0.5")
-    try:
+    with gateway(bus, fake_vllm, tiny_model, tmp_path / "gw.log", run_id=f"hold-{uuid.uuid4().hex[:6]}",
+                 TETHER_GATEWAY_MAX_HOLD_S="0.5") as gw:
         _, token = new_rollout(gw)
         assert httpx.post(f"{gw.url}/admin/pause", json={"version": 1}, headers=gw.admin()).status_code == 200
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=ASK, headers={"authorization": f"Bearer {token}"})
@@ -125,8 +118,6 @@ def test_a_call_held_too_long_gets_a_503_with_retry_after(bus: BusSettings, fake
         httpx.post(f"{gw.url}/admin/resume", headers=gw.admin())
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=ASK, headers={"authorization": f"Bearer {token}"})
         assert r.status_code == 200
-    finally:
-        stop(gw.process)
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [
