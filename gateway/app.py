@@ -15,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, Field, ValidationError
-from transformers import AutoTokenizer
 
 from gateway import anthropic_messages, openai_chat, openai_completions
 from gateway.control import ControlLoop
@@ -28,6 +27,7 @@ from gateway.render import Renderer
 from gateway.rollouts import Rollouts
 from gateway.service import Call, Gateway, Started
 from gateway.settings import GatewaySettings
+from gateway.tokenizer import ChatTokenizer
 from gateway.tool_parsers import parser_for
 from schemas.events import RewardReported, RolloutSealed
 from schemas.producer import EventProducer
@@ -62,7 +62,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         producer = EventProducer(settings.bus, client_id=f"gateway-{settings.gateway_id}")
         await producer.start()
         engines = EnginePool(settings.engines, retries=settings.engine_retries, timeout_s=settings.engine_timeout_s)
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, settings.tokenizer)
+        tokenizer = await asyncio.to_thread(ChatTokenizer.load, settings.tokenizer)
         model = settings.model_name or await engines.model()
         gateway = Gateway(settings.gateway_id, model, Renderer(tokenizer), parser_for(settings.tool_parser), engines,
                           Recorder(producer), rollouts, gate, metrics)
@@ -72,7 +72,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await asyncio.wait([task, asyncio.create_task(control.ready.wait())], return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             task.result()  # the control loop failed to start: fail the gateway's start with its error
-        state.update(gateway=gateway, producer=producer, decode=lambda t: str(tokenizer.decode([t])))
+        state.update(gateway=gateway, producer=producer, decode=lambda t: tokenizer.decode([t]))
         try:
             yield
         finally:

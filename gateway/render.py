@@ -10,14 +10,14 @@ special tokens, so the text pieces tokenise exactly as the whole text would.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
-
-from gateway.chat import ChatRequest
+from gateway.chat import ChatRequest, message_key
 from gateway.errors import InvalidRequest
+from gateway.tokenizer import ChatTokenizer
 
 
 @dataclass(frozen=True)
@@ -28,28 +28,18 @@ class Rendered:
 
 
 class Renderer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template")
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
         self.tokenizer = tokenizer
-        self.end_of_turn = str(tokenizer.eos_token)
-        self.end_of_turn_id = int(tokenizer.convert_tokens_to_ids(self.end_of_turn))  # type: ignore[arg-type]
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # Rust, without the wrapper's overhead
+        self.end_of_turn = tokenizer.eos_token
+        self.end_of_turn_id = tokenizer.eos_token_id
+        self.encode = tokenizer.encode
 
     def template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, open_turn: bool) -> str:
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, tokenize=False, add_generation_prompt=open_turn  # type: ignore[arg-type]
-            )
+            return self.tokenizer.apply_chat_template(messages, tools or None, add_generation_prompt=open_turn)
         except Exception as exc:  # jinja raises whatever the template raises
             raise InvalidRequest(f"messages cannot be rendered with the model's chat template: {exc}",
                                  "messages") from exc
-        return str(text)
-
-    def encode(self, text: str) -> list[int]:
-        if self._backend is not None:
-            return list(self._backend.encode(text, add_special_tokens=False).ids)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def render(self, request: ChatRequest, generated: Callable[[int], list[int] | None]) -> Rendered:
         """Prompt ids for `request`; `generated(i)` gives the ids the model produced for assistant message i."""
@@ -76,3 +66,18 @@ class Renderer:
             reused += 1
         ids += self.encode(full[done:])
         return Rendered(ids, full, reused)
+
+
+def own_turns(chat: ChatRequest, turns: Mapping[str, list[list[int]]]) -> Callable[[int], list[int] | None]:
+    """`generated` for `Renderer.render`: the k-th assistant message with a given text is the k-th generation
+    that produced that text. Texts can repeat with other ids (a byte-level token can decode to nothing)."""
+    seen: Counter[str] = Counter()
+    found: dict[int, list[int]] = {}
+    for i, m in enumerate(chat.messages):
+        if m.role == "assistant":
+            key = message_key(m.content, m.tool_calls)
+            spellings = turns.get(key, [])
+            if seen[key] < len(spellings):
+                found[i] = spellings[seen[key]]
+            seen[key] += 1
+    return found.get

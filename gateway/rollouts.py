@@ -23,8 +23,9 @@ class Rollout:
     acknowledged: list[str] = field(default_factory=list)
     in_flight: int = 0
     sealed: bool = False
-    #: assistant turns the model produced here, by message_key → the exact token ids
-    turns: dict[str, list[int]] = field(default_factory=dict)
+    #: assistant turns the model produced here, by message_key → the exact token ids of each, in order
+    turns: dict[str, list[list[int]]] = field(default_factory=dict)
+    n_turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -76,8 +77,9 @@ class Rollouts:
             rollout.idle.set()
 
     def remember_turn(self, rollout: Rollout, key: str, token_ids: list[int]) -> None:
-        if len(rollout.turns) < self.max_turns:
-            rollout.turns[key] = token_ids
+        if rollout.n_turns < self.max_turns:
+            rollout.turns.setdefault(key, []).append(token_ids)
+            rollout.n_turns += 1
 
     async def seal(self, rollout_id: str) -> Rollout:
         """Close the rollout and wait for its calls in flight; idempotent."""

@@ -23,7 +23,7 @@ from gateway.errors import GatewayError, InternalError
 from gateway.gate import Gate
 from gateway.metrics import Metrics
 from gateway.recorder import Recorder
-from gateway.render import Renderer
+from gateway.render import Renderer, own_turns
 from gateway.rollouts import Rollout, Rollouts
 from gateway.tool_parsers import ToolParser
 from schemas import events
@@ -145,12 +145,7 @@ class Gateway:
     def _render(self, rollout: Rollout, chat: ChatRequest) -> list[int]:
         if chat.raw_prompt is not None:
             return self.renderer.encode(chat.raw_prompt)
-
-        def generated(i: int) -> list[int] | None:
-            m = chat.messages[i]
-            return rollout.turns.get(message_key(m.content, m.tool_calls))
-
-        rendered = self.renderer.render(chat, generated)
+        rendered = self.renderer.render(chat, own_turns(chat, rollout.turns))
         self.metrics.reused_turns.inc(rendered.reused_turns)
         return rendered.prompt_ids
 

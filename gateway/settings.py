@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import (
@@ -35,7 +36,8 @@ class GatewaySettings(BaseSettings):
         "for harnesses whose key cannot be set, on a network where rollouts trust each other."
     )
     engines: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8100"])
-    tokenizer: str = Field(".tether/models/tiny", description="Model directory or name whose chat template renders.")
+    tokenizer: Path = Field(Path(".tether/models/tiny"),
+                            description="Model directory: tokenizer.json, tokenizer_config.json, chat template.")
     model_name: str | None = Field(None, description="Model name to ask the engines for; default: what they serve.")
     tool_parser: str = "hermes"
     max_hold_s: float = Field(60.0, gt=0, description="Longest a call waits for a weight update before a 503.")

@@ -240,7 +240,7 @@ def engine_serve(
 @gateway_app.command("serve")
 def gateway_serve(
     engine: Annotated[list[str] | None, typer.Option(help="Engine URL (repeat for several).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Model directory or name for the chat template.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="Model directory (tokenizer and chat template).")] = None,
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option()] = None,
     run_id: Annotated[str | None, typer.Option(help="The run whose control events this gateway follows.")] = None,
@@ -251,6 +251,9 @@ def gateway_serve(
 
     settings = load_settings(GatewaySettings, engines=engine or None, tokenizer=tokenizer, host=host, port=port,
                              run_id=run_id)
+    if not (settings.tokenizer / "tokenizer.json").is_file():
+        fail(f"--tokenizer/TETHER_GATEWAY_TOKENIZER: {settings.tokenizer} has no tokenizer.json"
+             " (build a model with `tether model init-tiny`)")
     with failing_cleanly():
         serve(settings)
 
