@@ -37,7 +37,7 @@ from schemas.serde import decode, encode
 from schemas.settings import BusSettings
 
 PROMPT_TOKENS, RESPONSE_TOKENS, VOCAB = 2000, 500, 151_000
-console = Console()
+console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 
 
 @dataclass

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from infra.processes import free_port, stop, wait_healthy
 
-console = Console()
+console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 LEVELS = (1, 8, 32)
 
 

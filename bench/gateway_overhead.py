@@ -41,7 +41,7 @@ from schemas.admin import ensure_topics
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 
-console = Console()
+console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
 LEVELS = (1, 16, 64)
 REPLY = "Sure, here is a short answer."
