@@ -1,4 +1,1 @@
-"""The rollout controller: runs harnesses as processes or Kubernetes Jobs, event-sourced on tether.rollouts.
-
-Comes with issue 5.
-"""
+"""The rollout controller: tasks in, K rollouts per task out, each one run of an unmodified harness."""

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from schemas.errors import InvalidEvent
 
-ROLLOUT_STATUSES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+ROLLOUT_STATUSES = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost"})
 CALL_STATUSES = frozenset({"ok", "error"})
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 SERVICES = """Services of a Tether run: kafka (the event log), engine (inference), gateway (the API harnesses call,
 records every call), controller (runs harnesses), processors (calls to training samples, analytics), trainer
-(learns, publishes weight versions). controller, processors and trainer arrive with issues 5 to 7."""
+(learns, publishes weight versions). processors and trainer arrive with issues 6 and 7."""
 
 app = typer.Typer(
     help="Tether: train the agent harness you ship with RL, through a gateway that records every call on Kafka.",
@@ -39,10 +39,14 @@ events_app = typer.Typer(help="Events on the bus, decoded.", no_args_is_help=Tru
 engine_app = typer.Typer(help="The embedded inference engine (vLLM-compatible completions).", no_args_is_help=True)
 gateway_app = typer.Typer(help="The gateway harnesses call (OpenAI and Anthropic APIs); records every call.",
                           no_args_is_help=True)
+controller_app = typer.Typer(help="The rollout controller: runs K harness rollouts per task.", no_args_is_help=True)
+rollouts_app = typer.Typer(help="Rollouts of a run, as tether.rollouts records them.", no_args_is_help=True)
 model_app = typer.Typer(help="Models: build the tiny one the tests and the demo use.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka", rich_help_panel="Services")
 app.add_typer(engine_app, name="engine", rich_help_panel="Services")
 app.add_typer(gateway_app, name="gateway", rich_help_panel="Services")
+app.add_typer(controller_app, name="controller", rich_help_panel="Services")
+app.add_typer(rollouts_app, name="rollouts", rich_help_panel="Bus")
 app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
@@ -256,6 +260,66 @@ def gateway_serve(
              " (build a model with `tether model init-tiny`)")
     with failing_cleanly():
         serve(settings)
+
+
+@controller_app.command("run")
+def controller_run(
+    config: Annotated[Path, typer.Argument(help="The run's YAML file (dataset, group size, harness, runner...).")],
+) -> None:
+    """Launch K rollouts per task until every task group is done; Ctrl-C cancels what runs (resumable)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from controller.config import load_config
+    from controller.controller import Controller
+    from controller.errors import ControllerError
+    from controller.main import run
+    from controller.settings import ControllerSettings
+
+    settings = load_settings(ControllerSettings)
+    try:
+        cfg = load_config(config)
+    except ControllerError as exc:
+        fail(str(exc), 2)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console)
+    bar = progress.add_task(f"run {cfg.run_id}", total=None, detail="")
+
+    def tick(c: Controller) -> None:
+        finished = [s for s in c.view.rollouts.values() if s.finished is not None]
+        counted = [s for s in finished if s.finished and s.finished.status in ("succeeded", "failed", "timeout")]
+        rewards = [s.finished.reward for s in counted if s.finished and s.finished.reward is not None]
+        mean = f"mean reward {sum(rewards) / len(rewards):.3f}" if rewards else "no rewards yet"
+        progress.update(bar, total=len(c.tasks) * cfg.group_size, completed=len(counted),
+                        detail=f"running {len(c.view.running())} · finished {len(finished)} · {mean}")
+
+    with failing_cleanly(), progress:
+        try:
+            view = asyncio.run(run(cfg, settings, tick))
+        except ControllerError as exc:
+            fail(str(exc))
+    done = sum(1 for t in view.slots if view.group_done(t))
+    typer.echo(f"run {cfg.run_id}: {done} task groups done; logs in {cfg.run_dir}", err=True)
+
+
+@rollouts_app.command("ls")
+def rollouts_ls(run: Annotated[str, typer.Option("--run", help="The run id.")]) -> None:
+    """Every rollout of a run: task, attempt, status, reward, duration."""
+    from controller.history import read_run
+    from schemas.settings import BusSettings
+
+    settings = load_settings(BusSettings)
+    with failing_cleanly():
+        view = asyncio.run(read_run(settings, run))
+    table = Table(title=f"rollouts of run {run}")
+    for column in ("rollout", "task", "attempt", "status", "exit", "reward", "seconds", "reason"):
+        table.add_column(column)
+    for rid, state in sorted(view.rollouts.items()):
+        f = state.finished
+        table.add_row(rid, state.started.task_id, str(state.started.attempt), f.status if f else "running",
+                      "" if f is None or f.exit_code is None else str(f.exit_code),
+                      "" if f is None or f.reward is None else f"{f.reward:g}",
+                      "" if f is None else f"{f.duration_s:.1f}", (f.reason or "") if f else "")
+    Console().print(table)
 
 
 if __name__ == "__main__":

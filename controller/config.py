@@ -1,0 +1,123 @@
+"""A run's configuration: one YAML file saying what to run, how often, where and how it is rewarded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controller.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Harness(Strict):
+    command: list[str] | None = Field(None, min_length=1, description="argv with {task.field} placeholders.")
+    job_template: Path | None = Field(None, description="A batch/v1 Job manifest (YAML) for the kubernetes runner.")
+    workdir: Path | None = None
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment; placeholders allowed.")
+
+
+class Reward(Strict):
+    source: Literal["harness", "command"] = "harness"
+    command: list[str] | None = Field(None, min_length=1, description="argv; its last output line is the reward.")
+    wait_s: float = Field(10.0, gt=0, description="How long to wait for a reward the harness posted.")
+
+    @model_validator(mode="after")
+    def _command_when_needed(self) -> Reward:
+        if (self.source == "command") != (self.command is not None):
+            raise ValueError("reward.command is needed exactly when reward.source is 'command'")
+        return self
+
+
+class Kubernetes(Strict):
+    namespace: str = "default"
+    kubeconfig: Path | None = Field(None, description="Default: in-cluster config, then ~/.kube/config.")
+    host: str | None = Field(None, description="API server URL, overriding the kubeconfig (tests, proxies).")
+    creations_per_s: float = Field(5.0, gt=0, description="Job creation rate limit.")
+    ttl_s: int = Field(600, ge=0, description="ttlSecondsAfterFinished of each Job.")
+
+
+class RunConfig(Strict):
+    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    dataset: Path
+    group_size: int = Field(ge=1, description="K: rollouts per task.")
+    harness: Harness
+    runner: Literal["local", "kubernetes"] = "local"
+    concurrency: int = Field(4, ge=1, description="Rollouts running at once.")
+    timeout_s: float = Field(600.0, gt=0, description="Per rollout; then SIGTERM, then SIGKILL after grace_s.")
+    grace_s: float = Field(5.0, ge=0)
+    max_groups_in_flight: int = Field(8, ge=1, description="Task groups started and not yet finished.")
+    max_attempts: int = Field(3, ge=1, description="Attempts per rollout when the harness cannot start.")
+    reward: Reward = Field(default_factory=Reward)
+    kubernetes: Kubernetes = Field(default_factory=Kubernetes)
+    log_dir: Path = Field(Path(".tether/runs"), description="Per-rollout logs go to LOG_DIR/RUN_ID/.")
+
+    @model_validator(mode="after")
+    def _harness_for_runner(self) -> RunConfig:
+        if self.runner == "local" and not self.harness.command:
+            raise ValueError("harness.command is needed for the local runner")
+        if self.runner == "kubernetes" and not self.harness.job_template:
+            raise ValueError("harness.job_template is needed for the kubernetes runner")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.log_dir / self.run_id
+
+
+def _error(source: Path, exc: ValidationError) -> ConfigError:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    return ConfigError(f"{source}: {where}: {first['msg']}")
+
+
+def load_config(path: Path) -> RunConfig:
+    """Relative paths in the file are relative to the file."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise _error(path, exc) from exc
+    base = path.parent
+    resolve = {"dataset": base / config.dataset, "log_dir": base / config.log_dir}
+    harness = config.harness
+    if harness.job_template is not None:
+        harness = harness.model_copy(update={"job_template": base / harness.job_template})
+    return config.model_copy(update={**resolve, "harness": harness})
+
+
+def load_tasks(path: Path) -> list[dict[str, Any]]:
+    """JSONL, one task per line with a unique non-empty string `id`; errors name the line."""
+    tasks: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"dataset {path}: cannot read: {exc}") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"dataset {path}:{n}: not JSON: {exc.msg}") from exc
+        if not isinstance(task, dict) or not isinstance(task.get("id"), str) or not task["id"]:
+            raise ConfigError(f"dataset {path}:{n}: a task is an object with a non-empty string 'id'")
+        if task["id"] in seen:
+            raise ConfigError(f"dataset {path}:{n}: task id {task['id']!r} appears twice")
+        seen.add(task["id"])
+        tasks.append(task)
+    if not tasks:
+        raise ConfigError(f"dataset {path}: no tasks")
+    return tasks

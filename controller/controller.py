@@ -1,0 +1,254 @@
+"""The controller's loop: rebuild the run from tether.rollouts, re-attach or close what was running, launch the rest.
+
+Order per rollout: register it at the gateway, publish `RolloutStarted`
+(acknowledged), start the harness. A crash between any two steps leaves a
+started rollout with no harness, which the next start finishes as `lost` and
+tops up with a new attempt; nothing is launched twice because ids are
+deterministic and a started id is never planned again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.config import RunConfig
+from controller.errors import ConfigError, GatewayUnavailable, LaunchError, RewardError
+from controller.gateway_admin import GatewayAdmin
+from controller.placeholders import fill, fill_all
+from controller.plan import Launch, RolloutState, RunView
+from controller.rewards import parse_reward
+from controller.runners.base import Exit, Runner, Spec
+from controller.settings import ControllerSettings
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted
+from schemas.producer import EventProducer
+from schemas.rollout_token import mint
+
+log = logging.getLogger("tether.controller")
+
+
+class Controller:
+    def __init__(self, config: RunConfig, settings: ControllerSettings, tasks: list[dict[str, Any]],
+                 runner: Runner, producer: EventProducer, admin: GatewayAdmin,
+                 job_template: dict[str, Any] | None = None) -> None:
+        self.config, self.settings, self.tasks = config, settings, tasks
+        self.runner, self.producer, self.admin = runner, producer, admin
+        self.job_template = job_template
+        self.view = RunView(config.run_id, config.group_size, config.max_attempts)
+        self.launched = 0  # by this process
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._specs: dict[str, Spec] = {}
+        self._wake = asyncio.Event()
+        self._caught_up = asyncio.Event()
+        self._stopping = False
+        self._failure: BaseException | None = None
+
+    # -- the run -------------------------------------------------------------------
+
+    async def run(self) -> RunView:
+        follower = asyncio.create_task(self._follow())
+        try:
+            await asyncio.wait([follower, asyncio.create_task(self._caught_up.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if follower.done():
+                follower.result()
+            await self._recover()
+            while not self._stopping:
+                while len(self._tasks) < self.config.concurrency and not self._stopping:
+                    launch = self.view.next_launch(self.tasks, self.config.max_groups_in_flight)
+                    if launch is None:
+                        break
+                    await self._launch(launch)
+                if not self._tasks and self.view.next_launch(self.tasks, self.config.max_groups_in_flight) is None:
+                    break  # nothing running and nothing to start: the run is done (or out of attempts)
+                self._wake.clear()
+                await self._wake.wait()
+            if self._tasks:
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            if self._failure is not None:
+                raise self._failure
+            return self.view
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Launch nothing more and cancel what runs; those rollouts end `cancelled` and are topped up next time."""
+        self._stopping = True
+        self._wake.set()
+        await asyncio.gather(*(self.runner.cancel(self._specs[r]) for r in list(self._tasks)),
+                             return_exceptions=True)
+
+    def _apply(self, event: Event) -> None:
+        self.view.apply(event)
+        self._wake.set()
+
+    async def _follow(self) -> None:
+        """Read the run's history, then keep reading: rewards posted by harnesses arrive here."""
+        async with EventConsumer(self.settings.bus, [topics.ROLLOUTS], self.producer,
+                                 name=f"controller-{self.config.run_id}") as consumer:
+            ends = await consumer.end_offsets()
+            if all(end == 0 for end in ends.values()):
+                self._caught_up.set()
+            async for batch in consumer.batches(timeout_ms=100):
+                for received in batch:
+                    self._apply(received.event)
+                if not self._caught_up.is_set() and all(
+                        [await consumer.position(tp) >= end for tp, end in ends.items()]):
+                    self._caught_up.set()
+
+    async def _recover(self) -> None:
+        for state in self.view.running():
+            spec = self._spec(self._launch_of(state))
+            if await self.runner.attach(spec):
+                log.info("re-attached to %s", spec.rollout_id)
+                self._watch(spec, state.started.started_at)
+            else:
+                await self._finish(spec, Exit("lost", None, "its harness was not running when the controller "
+                                                             "restarted"), state.started.started_at)
+
+    # -- one rollout ---------------------------------------------------------------
+
+    def _launch_of(self, state: RolloutState) -> Launch:
+        s = state.started
+        return Launch(s.rollout_id, s.group_id, json.loads(s.task_json), state.slot, s.attempt, s.retry_of)
+
+    def _spec(self, launch: Launch) -> Spec:
+        rid, url = launch.rollout_id, self.settings.harness_url
+        token = mint(rid, self.settings.gateway_secret)
+        values = {"rollout_id": rid, "run_id": self.config.run_id, "task_id": launch.task_id,
+                  "group_id": launch.group_id, "attempt": launch.attempt}
+        env = {k: fill(v, values, launch.task) for k, v in self.config.harness.env.items()}
+        env.update(OPENAI_BASE_URL=f"{url}/v1", OPENAI_API_KEY=token, ANTHROPIC_BASE_URL=url,
+                   ANTHROPIC_API_KEY=token, TETHER_ROLLOUT_ID=rid, TETHER_RUN_ID=self.config.run_id,
+                   TETHER_TASK=json.dumps(launch.task), TETHER_REWARD_URL=f"{url}/rollouts/{rid}/reward")
+        argv = [fill(a, values, launch.task) for a in self.config.harness.command or []]
+        job = fill_all(self.job_template, values, launch.task) if self.job_template is not None else None
+        if self.config.runner == "local":
+            env = {**os.environ, **env}
+        spec = Spec(rid, self.config.run_id, launch.task_id, launch.attempt, argv or None, job, env,
+                    self.config.run_dir / f"{rid}.log", self.config.harness.workdir)
+        self._specs[rid] = spec
+        return spec
+
+    async def _launch(self, launch: Launch) -> None:
+        try:
+            spec = self._spec(launch)
+        except ConfigError as exc:  # e.g. a placeholder the task lacks: this rollout cannot run
+            spec = Spec(launch.rollout_id, self.config.run_id, launch.task_id, launch.attempt, None, None, {},
+                        self.config.run_dir / f"{launch.rollout_id}.log")
+            started = await self._started(launch)
+            await self._finish(spec, Exit("exited", None, str(exc)), started.started_at, failed=True)
+            return
+        await self.admin.register(launch.rollout_id, self.config.run_id)
+        started = await self._started(launch)
+        try:
+            await self.runner.start(spec)
+        except LaunchError as exc:
+            log.warning("%s could not start: %s", launch.rollout_id, exc)
+            await self._finish(spec, Exit("lost", None, f"could not start: {exc}"), started.started_at)
+            return
+        self.launched += 1
+        self._watch(spec, started.started_at)
+
+    async def _started(self, launch: Launch) -> RolloutStarted:
+        started = RolloutStarted(
+            rollout_id=launch.rollout_id, run_id=self.config.run_id, group_id=launch.group_id,
+            task_id=launch.task_id, task_json=json.dumps(launch.task), group_size=self.config.group_size,
+            runner=self.config.runner, attempt=launch.attempt, retry_of=launch.retry_of)
+        await self.producer.publish(started)
+        self._apply(started)
+        return started
+
+    def _watch(self, spec: Spec, started_at: datetime) -> None:
+        task = asyncio.create_task(self._supervise(spec, started_at))
+        self._tasks[spec.rollout_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.pop(spec.rollout_id, None)
+            if not t.cancelled() and t.exception() is not None and self._failure is None:
+                self._failure = t.exception()  # e.g. Kafka refused RolloutFinished: stop, the restart recovers
+                self._stopping = True
+            self._wake.set()
+
+        task.add_done_callback(done)
+
+    async def _supervise(self, spec: Spec, started_at: datetime) -> None:
+        elapsed = (datetime.now(UTC) - started_at).total_seconds()
+        outcome = await self.runner.wait(spec, self.config.timeout_s - elapsed)
+        await self._finish(spec, outcome, started_at)
+
+    async def _finish(self, spec: Spec, outcome: Exit, started_at: datetime, failed: bool = False) -> None:
+        try:
+            await self.admin.seal(spec.rollout_id)
+        except GatewayUnavailable as exc:  # the processors then wait for the seal; say so loudly
+            log.error("could not seal %s: %s", spec.rollout_id, exc)
+        reward, reason = None, outcome.reason
+        if failed:
+            status = "failed"
+        elif outcome.status != "exited":
+            status = outcome.status
+        elif outcome.exit_code != 0:
+            status, reason = "failed", f"the harness exited with code {outcome.exit_code}"
+            reward = await self._posted_reward(spec.rollout_id, wait_s=0.0)
+        else:
+            try:
+                reward = await self._reward(spec)
+                status = "succeeded"
+            except RewardError as exc:
+                status, reason = "failed", str(exc)
+        finished = RolloutFinished(
+            rollout_id=spec.rollout_id, run_id=spec.run_id, status=status, exit_code=outcome.exit_code,
+            reward=reward, reason=reason,
+            duration_s=max(0.0, (datetime.now(UTC) - started_at).total_seconds()))
+        await self.producer.publish(finished)
+        self._apply(finished)
+
+    async def _posted_reward(self, rollout_id: str, wait_s: float) -> float | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            state = self.view.rollouts.get(rollout_id)
+            if state is not None and state.reward is not None:
+                return state.reward.reward
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.02)
+
+    async def _reward(self, spec: Spec) -> float:
+        source = self.config.reward
+        if source.source == "harness":
+            reward = await self._posted_reward(spec.rollout_id, source.wait_s)
+            if reward is None:
+                raise RewardError(f"no reward was posted to TETHER_REWARD_URL within {source.wait_s:.0f} s")
+            return reward
+        state = self.view.rollouts[spec.rollout_id]
+        launch = self._launch_of(state)
+        values = {"rollout_id": spec.rollout_id, "run_id": spec.run_id, "task_id": spec.task_id,
+                  "group_id": launch.group_id, "attempt": spec.attempt}
+        argv = [fill(a, values, launch.task) for a in source.command or []]
+        env = {**os.environ, **spec.env, "TETHER_HARNESS_LOG": str(spec.log_path)}
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+                cwd=self.config.harness.workdir)
+            out, err = await asyncio.wait_for(process.communicate(), self.config.timeout_s)
+        except TimeoutError:
+            process.kill()
+            raise RewardError(f"the reward command ran past {self.config.timeout_s:.0f} s") from None
+        except OSError as exc:
+            raise RewardError(f"the reward command cannot run: {exc}") from exc
+        if process.returncode != 0:
+            raise RewardError(f"the reward command exited with {process.returncode}: "
+                              f"{err.decode(errors='replace')[-300:]}")
+        reward = parse_reward(out.decode(errors="replace"))
+        event = RewardReported(rollout_id=spec.rollout_id, run_id=spec.run_id, reward=reward, source="command")
+        await self.producer.publish(event)
+        self._apply(event)
+        return reward

@@ -1,0 +1,24 @@
+"""A run's rollouts as tether.rollouts holds them now: read from the beginning up to the current end."""
+
+from __future__ import annotations
+
+from controller.plan import RunView
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+
+
+async def read_run(bus: BusSettings, run_id: str, group_size: int = 1, max_attempts: int = 1) -> RunView:
+    view = RunView(run_id, group_size, max_attempts)
+    async with EventProducer(bus) as deadletters, \
+            EventConsumer(bus, [topics.ROLLOUTS], deadletters, name=f"rollouts-ls-{run_id}") as consumer:
+        ends = await consumer.end_offsets()
+        if all(end == 0 for end in ends.values()):
+            return view
+        async for batch in consumer.batches(timeout_ms=200):
+            for received in batch:
+                view.apply(received.event)
+            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                return view
+    return view

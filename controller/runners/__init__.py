@@ -1,0 +1,1 @@
+"""Where harnesses run: local processes or Kubernetes Jobs, behind one interface (`base.Runner`)."""

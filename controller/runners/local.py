@@ -1,0 +1,141 @@
+"""Harnesses as local processes, each in its own session (process group), output to its log file.
+
+A harness outlives the controller that started it, so a restarted controller
+can find it again: next to the log lie `<rollout>.pid` (pid and kernel start
+time, so a recycled pid is not mistaken for it) and `<rollout>.exit`, written
+by a small `sh` wrapper when the harness ends, which is how a controller that
+is not the parent learns the exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from controller.errors import LaunchError
+from controller.runners.base import Exit, Spec
+
+_WRAPPER = ('f=$1; shift; "$@"; code=$?; printf %s "$code" > "$f.tmp" && mv "$f.tmp" "$f"; exit $code')
+_POLL_S = 0.2
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalRunner:
+    def __init__(self, grace_s: float = 5.0) -> None:
+        self.grace_s = grace_s
+        self._children: dict[str, asyncio.subprocess.Process] = {}
+        self._cancelled: set[str] = set()
+
+    @staticmethod
+    def _files(spec: Spec) -> tuple[Path, Path]:
+        folder = spec.log_path.parent  # rollout ids have dots: no with_suffix
+        return folder / f"{spec.rollout_id}.pid", folder / f"{spec.rollout_id}.exit"
+
+    async def start(self, spec: Spec) -> None:
+        if not spec.argv:
+            raise LaunchError(f"{spec.rollout_id}: no harness command")
+        if shutil.which(spec.argv[0], path=spec.env.get("PATH", os.defpath)) is None:
+            raise LaunchError(f"{spec.argv[0]}: command not found (or not executable)")
+        if spec.workdir is not None and not spec.workdir.is_dir():
+            raise LaunchError(f"harness.workdir {spec.workdir} is not a directory")
+        pid_file, exit_file = self._files(spec)
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        exit_file.unlink(missing_ok=True)
+        try:
+            with spec.log_path.open("ab") as log:
+                process = await asyncio.create_subprocess_exec(
+                    "sh", "-c", _WRAPPER, "tether-harness", str(exit_file), *spec.argv,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                    env=spec.env, cwd=spec.workdir, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"{spec.argv[0]}: cannot start: {exc}") from exc
+        self._children[spec.rollout_id] = process
+        pid_file.write_text(f"{process.pid} {_start_time(process.pid)}\n")
+
+    def _pid(self, spec: Spec) -> tuple[int, str] | None:
+        try:
+            pid, started = self._files(spec)[0].read_text().split()
+        except (OSError, ValueError):
+            return None
+        return int(pid), started
+
+    def _running(self, spec: Spec) -> bool:
+        known = self._pid(spec)
+        return known is not None and _start_time(known[0]) == known[1]
+
+    async def attach(self, spec: Spec) -> bool:
+        return self._running(spec) or self._files(spec)[1].exists()
+
+    async def _exit_code(self, spec: Spec) -> int | None:
+        child = self._children.get(spec.rollout_id)
+        if child is not None:
+            return await child.wait()
+        while self._running(spec):  # noqa: ASYNC110  # not our child: nothing to wait on but polling
+            await asyncio.sleep(_POLL_S)
+        try:
+            return int(self._files(spec)[1].read_text())
+        except (OSError, ValueError):
+            return None
+
+    async def wait(self, spec: Spec, timeout_s: float) -> Exit:
+        try:
+            try:
+                code = await asyncio.wait_for(self._exit_code(spec), max(timeout_s, 0.0))
+            except TimeoutError:
+                if spec.rollout_id in self._cancelled:
+                    return Exit("cancelled", None, "cancelled by the controller")
+                await self._stop(spec)
+                return Exit("timeout", None, f"still running after {timeout_s:.1f} s: stopped")
+            if spec.rollout_id in self._cancelled:
+                return Exit("cancelled", code, "cancelled by the controller")
+            if code is None:
+                return Exit("lost", None, "the harness ended while no controller watched, leaving no exit code")
+            return Exit("exited", code)
+        finally:
+            self._children.pop(spec.rollout_id, None)
+
+    async def _stop(self, spec: Spec) -> None:
+        """TERM to the whole group, KILL after the grace period; reaps the child if it is ours."""
+        if not self._running(spec):
+            return
+        pgid = self._pid(spec)[0]  # type: ignore[index]  # running, so known
+        # The group outlives its leader (the wrapper), so signal the group even once the leader is gone.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while _group_alive(pgid) and time.monotonic() < deadline:  # noqa: ASYNC110  # the group has no handle
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        child = self._children.get(spec.rollout_id)
+        if child is not None:
+            await child.wait()
+
+    async def cancel(self, spec: Spec) -> None:
+        self._cancelled.add(spec.rollout_id)
+        await self._stop(spec)
+
+    async def close(self) -> None:
+        self._children.clear()

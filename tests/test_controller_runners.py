@@ -1,0 +1,155 @@
+"""One contract for every runner: local processes, and Kubernetes Jobs on FakeKubeAPI (a fake API server)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.config import Kubernetes
+from controller.errors import LaunchError
+from controller.runners.base import Exit, Runner, Spec
+from controller.runners.kubernetes import KubernetesRunner, build_job, job_name
+from controller.runners.local import LocalRunner
+from infra.processes import free_port, stop
+from tests.conftest import spawn
+
+IGNORE_TERM_AND_SLEEP = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+@pytest.fixture(scope="module")
+def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    url, process = spawn(["tests.fakes.kube_api", "--port", str(port)],
+                         tmp_path_factory.mktemp("kube") / "kube.log", "FakeKubeAPI", port)
+    try:
+        yield url
+    finally:
+        stop(process)
+
+
+MakeRunner = Callable[[float], Runner]
+
+
+@pytest.fixture(params=["local", "kubernetes"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_runner(kind: str, request: pytest.FixtureRequest) -> MakeRunner:
+    run_id = f"run-{uuid.uuid4().hex[:6]}"
+
+    def make(timeout_s: float) -> Runner:
+        if kind == "local":
+            return LocalRunner(grace_s=1.0)
+        url = request.getfixturevalue("kube_api")
+        return KubernetesRunner(Kubernetes(host=url, creations_per_s=50), run_id, timeout_s, grace_s=1.0)
+
+    make.run_id = run_id  # type: ignore[attr-defined]
+    return make
+
+
+def spec(tmp_path: Path, make: MakeRunner, argv: list[str], rollout: str | None = None) -> Spec:
+    rid = rollout or f"{make.run_id}.task.r0.a0-{uuid.uuid4().hex[:4]}"  # type: ignore[attr-defined]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "spec": {"template": {"spec": {
+        "containers": [{"name": "harness", "image": "python:3.11", "command": argv}]}}}}
+    env = {"TETHER_ROLLOUT_ID": rid, "PATH": os.environ["PATH"]}
+    return Spec(rid, make.run_id, "task", 0, argv, job, env, tmp_path / f"{rid}.log")  # type: ignore[attr-defined]
+
+
+async def run(runner: Runner, s: Spec, timeout_s: float = 30) -> Exit:
+    try:
+        await runner.start(s)
+        return await runner.wait(s, timeout_s)
+    finally:
+        await runner.close()
+
+
+async def test_reports_the_exit_code_and_keeps_the_output(make_runner: MakeRunner, tmp_path: Path) -> None:
+    code = "import os, sys; print('hello from', os.environ['TETHER_ROLLOUT_ID']); sys.exit(3)"
+    s = spec(tmp_path, make_runner, [sys.executable, "-c", code])
+    outcome = await run(make_runner(30), s)
+    assert (outcome.status, outcome.exit_code) == ("exited", 3)
+    assert f"hello from {s.rollout_id}" in s.log_path.read_text()
+
+
+async def test_success_is_exit_code_zero(make_runner: MakeRunner, tmp_path: Path) -> None:
+    outcome = await run(make_runner(30), spec(tmp_path, make_runner, [sys.executable, "-c", "pass"]))
+    assert (outcome.status, outcome.exit_code) == ("exited", 0)
+
+
+async def test_a_harness_past_its_timeout_is_stopped(make_runner: MakeRunner, tmp_path: Path) -> None:
+    started = time.monotonic()
+    outcome = await run(make_runner(1.0), spec(tmp_path, make_runner, [sys.executable, "-c", IGNORE_TERM_AND_SLEEP]),
+                        timeout_s=1.0)
+    assert outcome.status == "timeout"
+    assert time.monotonic() - started < 20  # not the harness's 60 s: it was killed despite ignoring SIGTERM
+
+
+async def test_cancel_stops_it(make_runner: MakeRunner, tmp_path: Path) -> None:
+    runner = make_runner(60)
+    s = spec(tmp_path, make_runner, [sys.executable, "-c", IGNORE_TERM_AND_SLEEP])
+    try:
+        await runner.start(s)
+        waiting = asyncio.create_task(runner.wait(s, 60))
+        await asyncio.sleep(0.5)
+        await runner.cancel(s)
+        outcome = await asyncio.wait_for(waiting, 20)
+    finally:
+        await runner.close()
+    assert outcome.status == "cancelled"
+
+
+async def test_a_harness_that_cannot_start_is_an_infrastructure_failure(make_runner: MakeRunner,
+                                                                        tmp_path: Path) -> None:
+    """Either `start` refuses (LaunchError) or `wait` reports it lost: the controller retries both."""
+    try:
+        outcome = await run(make_runner(30), spec(tmp_path, make_runner, [str(tmp_path / "no-such-harness")]))
+    except LaunchError as exc:
+        assert "no-such-harness" in str(exc)
+    else:
+        assert outcome.status == "lost" and outcome.reason and "could not start" in outcome.reason
+
+
+async def test_a_new_runner_finds_a_running_harness_and_its_exit(make_runner: MakeRunner, tmp_path: Path) -> None:
+    """What a restarted controller does: attach to what the dead one started, and learn how it ended."""
+    s = spec(tmp_path, make_runner, [sys.executable, "-c", "import sys, time; time.sleep(1.5); sys.exit(5)"])
+    first = make_runner(30)
+    await first.start(s)
+    await first.close()  # the controller that started it is gone
+    second = make_runner(30)
+    try:
+        assert await second.attach(s)
+        outcome = await second.wait(s, 30)
+        assert not await second.attach(spec(tmp_path, make_runner, [sys.executable, "-c", "pass"]))
+    finally:
+        await second.close()
+    assert (outcome.status, outcome.exit_code) == ("exited", 5)
+
+
+def test_jobs_carry_the_rollout(tmp_path: Path) -> None:
+    env = {"OPENAI_API_KEY": "tr1.x.y", "TETHER_ROLLOUT_ID": "Run.Task/1.r0.a2"}
+    template = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"labels": {"team": "agents"}},
+                "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "OnFailure", "containers": [
+                    {"name": "a", "image": "x", "env": [{"name": "OPENAI_API_KEY", "value": "stale"},
+                                                        {"name": "KEEP", "value": "1"}]}]}}}}
+    s = Spec("Run.Task/1.r0.a2", "Run", "Task/1", 2, None, template, env, tmp_path / "log")
+    job = build_job(s, "agents", timeout_s=90.5, ttl_s=600)
+    assert job["metadata"]["name"] == job_name(s.rollout_id) and len(job["metadata"]["name"]) <= 63
+    assert job["metadata"]["labels"]["team"] == "agents"
+    assert job["metadata"]["labels"]["tether.dev/attempt"] == "2"
+    assert job["metadata"]["annotations"]["tether.dev/rollout-id"] == "Run.Task/1.r0.a2"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 91
+    assert job["spec"]["ttlSecondsAfterFinished"] == 600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert {e["name"]: e["value"] for e in pod["containers"][0]["env"]} == {"KEEP": "1", **env}
+    assert template["spec"]["backoffLimit"] == 6  # the template itself is untouched
+    assert job_name("a.b") != job_name("a-b")
