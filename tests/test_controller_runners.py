@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,7 +137,7 @@ async def test_a_new_runner_finds_a_running_harness_and_its_exit(make_runner: Ma
 
 def test_jobs_carry_the_rollout(tmp_path: Path) -> None:
     env = {"OPENAI_API_KEY": "tr1.x.y", "TETHER_ROLLOUT_ID": "Run.Task/1.r0.a2"}
-    template = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"labels": {"team": "agents"}},
+    template: dict[str, Any] = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"labels": {"team": "agents"}},
                 "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "OnFailure", "containers": [
                     {"name": "a", "image": "x", "env": [{"name": "OPENAI_API_KEY", "value": "stale"},
                                                         {"name": "KEEP", "value": "1"}]}]}}}}
