@@ -1,0 +1,204 @@
+"""The controller on the real broker and a real gateway: launching, rewards, failures, and a crash mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.config import RunConfig, load_config
+from controller.errors import ConfigError
+from controller.history import read_run
+from controller.main import run
+from controller.plan import DONE
+from controller.settings import ControllerSettings
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import RolloutSealed, RolloutStarted
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from tests.conftest import ADMIN_KEY, SECRET, RunningGateway
+
+HARNESS = [sys.executable, str(Path(__file__).parent / "harnesses" / "scripted.py")]
+
+
+def write_run(tmp_path: Path, run_id: str, tasks: list[dict[str, Any]], **overrides: Any) -> Path:
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    config = {"run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "concurrency": 4, "timeout_s": 30,
+              "grace_s": 1, "log_dir": "logs",
+              "harness": {"command": HARNESS, "env": {"TEST_LEDGER": str(tmp_path / "ledger")}}, **overrides}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def settings(bus: BusSettings, gateway: RunningGateway) -> ControllerSettings:
+    return ControllerSettings(gateway_url=gateway.url, gateway_admin_key=ADMIN_KEY, gateway_secret=SECRET, bus=bus)
+
+
+def ledger(tmp_path: Path) -> Counter[str]:
+    path = tmp_path / "ledger"
+    return Counter(line.split()[0] for line in path.read_text().splitlines()) if path.exists() else Counter()
+
+
+async def sealed(bus: BusSettings, rollout_ids: set[str]) -> dict[str, RolloutSealed]:
+    found: dict[str, RolloutSealed] = {}
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
+        deadline = time.monotonic() + 30
+        async for batch in consumer.batches(timeout_ms=200):
+            for r in batch:
+                if isinstance(r.event, RolloutSealed) and r.event.rollout_id in rollout_ids:
+                    found[r.event.rollout_id] = r.event
+            if set(found) == rollout_ids or time.monotonic() > deadline:
+                return found
+    return found
+
+
+async def test_k_rollouts_per_task_with_rewards_posted_by_the_harness(
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
+    config = load_config(write_run(tmp_path, run_id, [{"id": "t1", "reward": 1.0}, {"id": "t/2", "reward": 0.25}]))
+    view = await run(config, settings(bus, scripted_gateway))
+    assert len(view.rollouts) == 4 and not view.running()
+    for state in view.rollouts.values():
+        assert state.finished is not None and state.finished.status == "succeeded", state.finished
+        assert state.finished.reward == json.loads(state.started.task_json)["reward"]
+        assert state.finished.exit_code == 0 and state.started.group_size == 2
+    assert sorted(ledger(tmp_path).values()) == [1, 1, 1, 1]  # each rollout ran once
+    assert set(await sealed(bus, set(view.rollouts))) == set(view.rollouts)  # and was sealed at the gateway
+    for rid in view.rollouts:
+        assert (config.run_dir / f"{rid}.log").exists()
+    # What `tether rollouts ls` reads back from the topic is the same run.
+    replayed = await read_run(bus, run_id)
+    assert {r: s.finished.status for r, s in replayed.rollouts.items() if s.finished} == \
+        {r: "succeeded" for r in view.rollouts}
+
+
+async def test_rewards_from_a_command_and_the_ways_a_rollout_fails(
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
+    score = "import json, os; print('scoring...'); print(json.loads(os.environ['TETHER_TASK'])['score'])"
+    tasks: list[dict[str, Any]] = [
+        {"id": "good", "score": '{"reward": 0.75}'}, {"id": "bad-output", "score": "not a number"},
+        {"id": "crashes", "score": "1", "exit": 3}, {"id": "no-field"}]
+    config = load_config(write_run(tmp_path, run_id, tasks, group_size=1,
+                                   reward={"source": "command", "command": [sys.executable, "-c", score]}))
+    view = await run(config, settings(bus, scripted_gateway))
+    by_task = {s.started.task_id: s.finished for s in view.rollouts.values()}
+    assert by_task["good"] and (by_task["good"].status, by_task["good"].reward) == ("succeeded", 0.75)
+    assert by_task["bad-output"] and by_task["bad-output"].status == "failed"
+    assert by_task["bad-output"].reward is None and "not a number" in (by_task["bad-output"].reason or "")
+    assert by_task["crashes"] and by_task["crashes"].status == "failed" and by_task["crashes"].exit_code == 3
+    assert by_task["no-field"] and by_task["no-field"].status == "failed"  # the reward command itself failed
+
+
+async def test_a_missing_reward_fails_the_rollout(bus: BusSettings, scripted_gateway: RunningGateway,
+                                                  tmp_path: Path, run_id: str) -> None:
+    config = load_config(write_run(tmp_path, run_id, [{"id": "silent"}], group_size=1, reward={"wait_s": 0.5}))
+    view = await run(config, settings(bus, scripted_gateway))
+    (state,) = view.rollouts.values()
+    assert state.finished and state.finished.status == "failed" and state.finished.reward is None
+    assert "no reward" in (state.finished.reason or "")
+
+
+async def test_a_timeout_kills_the_whole_process_group(bus: BusSettings, scripted_gateway: RunningGateway,
+                                                       tmp_path: Path, run_id: str) -> None:
+    config = load_config(write_run(tmp_path, run_id, [{"id": "slow", "sleep": 60, "ignore_term": True,
+                                                       "child": True}], group_size=1, timeout_s=1.5))
+    view = await run(config, settings(bus, scripted_gateway))
+    (state,) = view.rollouts.values()
+    assert state.finished and state.finished.status == "timeout" and state.finished.duration_s < 15
+    (grandchild,) = [int(p) for p in (tmp_path / "ledger.children").read_text().split()]
+    deadline = time.monotonic() + 10
+    while not gone(grandchild) and time.monotonic() < deadline:  # noqa: ASYNC110  # a pid has no event
+        await asyncio.sleep(0.1)
+    assert gone(grandchild)
+
+
+async def starts(bus: BusSettings, run_id: str) -> Counter[str]:
+    """How often each rollout of the run was started, as the topic says."""
+    started = Counter[str]()
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.ROLLOUTS], dlq) as consumer:
+        ends = await consumer.end_offsets()
+        async for batch in consumer.batches(timeout_ms=200):
+            started.update(r.event.rollout_id for r in batch
+                           if isinstance(r.event, RolloutStarted) and r.event.run_id == run_id)
+            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                break
+    return started
+
+
+def gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+async def test_a_harness_that_cannot_start_is_retried_as_new_attempts(
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
+    config = load_config(write_run(tmp_path, run_id, [{"id": "t"}], group_size=1, max_attempts=3,
+                                   harness={"command": [str(tmp_path / "missing-harness")]}))
+    view = await run(config, settings(bus, scripted_gateway))
+    attempts = sorted(view.rollouts.values(), key=lambda s: s.started.attempt)
+    assert [s.started.attempt for s in attempts] == [0, 1, 2]
+    assert [s.started.retry_of for s in attempts] == [None, attempts[0].started.rollout_id,
+                                                      attempts[1].started.rollout_id]
+    assert all(s.finished and s.finished.status == "lost" and "could not start" in (s.finished.reason or "")
+               for s in attempts)
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    path = write_run(tmp_path, "r", [{"id": "t"}], group_size=0)
+    with pytest.raises(ConfigError, match="group_size"):
+        load_config(path)
+    path = write_run(tmp_path, "r", [{"id": "t"}], reward={"source": "command"})
+    with pytest.raises(ConfigError, match="reward"):
+        load_config(path)
+    path = write_run(tmp_path, "r", [{"id": "t"}], runner="kubernetes")
+    with pytest.raises(ConfigError, match="job_template"):
+        load_config(path)
+    path = write_run(tmp_path, "r", [{"id": "t"}], colour="blue")
+    with pytest.raises(ConfigError, match="colour"):
+        load_config(path)
+    assert isinstance(load_config(write_run(tmp_path, "r", [{"id": "t"}])), RunConfig)
+
+
+def test_killed_mid_run_and_restarted_every_group_ends_with_k(
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
+    """SIGKILL the controller while harnesses run; the restarted one re-attaches and launches only what is missing."""
+    tasks = [{"id": f"t{i}", "sleep": 1.0 + 0.3 * (i % 3), "reward": i / 10} for i in range(6)]
+    path = write_run(tmp_path, run_id, tasks, group_size=3, concurrency=4, max_groups_in_flight=2)
+    env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+           "TETHER_CONTROLLER_GATEWAY_URL": scripted_gateway.url, "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": ADMIN_KEY,
+           "TETHER_CONTROLLER_GATEWAY_SECRET": SECRET}
+    command = [sys.executable, "-m", "tether.cli", "controller", "run", str(path)]
+    log = (tmp_path / "controller.log").open("wb")
+    first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while sum(ledger(tmp_path).values()) < 6 and time.monotonic() < deadline:  # some ran, some run now
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    running_at_kill = len(ledger(tmp_path))
+    second = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=240)
+    assert second.returncode == 0, (tmp_path / "controller.log").read_text()[-2000:]
+
+    view = asyncio.run(read_run(bus, run_id, group_size=3, max_attempts=3))
+    started = asyncio.run(starts(bus, run_id))
+    assert running_at_kill >= 6
+    assert max(started.values()) == 1  # no rollout started twice
+    assert max(ledger(tmp_path).values()) == 1  # no harness ran twice
+    for gid in view.slots:
+        counted = view.finished_rollouts(gid)
+        assert len(counted) == 3 and all(s.finished and s.finished.status in DONE for s in counted), gid
+    assert len(view.slots) == 6
