@@ -91,9 +91,9 @@ def load_config(path: Path) -> RunConfig:
         raise _error(path, exc) from exc
     base = path.parent
     resolve = {"dataset": base / config.dataset, "log_dir": base / config.log_dir}
-    harness = config.harness
-    if harness.job_template is not None:
-        harness = harness.model_copy(update={"job_template": base / harness.job_template})
+    harness = config.harness.model_copy(update={
+        k: base / v for k, v in (("job_template", config.harness.job_template), ("workdir", config.harness.workdir))
+        if v is not None})
     return config.model_copy(update={**resolve, "harness": harness})
 
 
