@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,15 @@ from controller.history import read_run
 from controller.main import run
 from controller.plan import DONE
 from controller.settings import ControllerSettings
+from infra.processes import free_port, stop
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import ADMIN_KEY, SECRET, RunningGateway
+from tests.conftest import ADMIN_KEY, SECRET, RunningGateway, spawn
 
+ROOT = Path(__file__).parent.parent
 HARNESS = [sys.executable, str(Path(__file__).parent / "harnesses" / "scripted.py")]
 
 
@@ -202,3 +205,34 @@ def test_killed_mid_run_and_restarted_every_group_ends_with_k(
         counted = view.finished_rollouts(gid)
         assert len(counted) == 3 and all(s.finished and s.finished.status in DONE for s in counted), gid
     assert len(view.slots) == 6
+
+
+@pytest.fixture(scope="module")
+def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    url, process = spawn(["tests.fakes.kube_api", "--port", str(port)],
+                         tmp_path_factory.mktemp("kube") / "kube.log", "FakeKubeAPI", port)
+    try:
+        yield url
+    finally:
+        stop(process)
+
+
+async def test_a_run_on_kubernetes(bus: BusSettings, scripted_gateway: RunningGateway, kube_api: str,
+                                   tmp_path: Path, run_id: str) -> None:
+    """The same run as Jobs on FakeKubeAPI (a fake API server): env injected, rewards, a failing and a slow task."""
+    template = yaml.safe_load((ROOT / "infra" / "k8s" / "job-template.yaml").read_text())
+    template["spec"]["template"]["spec"]["containers"][0]["command"] = [*HARNESS, "{task_id}"]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(template))
+    tasks = [{"id": "ok", "reward": 0.5}, {"id": "fails", "exit": 4}, {"id": "slow", "sleep": 30}]
+    config = load_config(write_run(tmp_path, run_id, tasks, runner="kubernetes", timeout_s=2,
+                                   harness={"job_template": "job.yaml",
+                                            "env": {"TEST_LEDGER": str(tmp_path / "ledger")}},
+                                   kubernetes={"host": kube_api, "namespace": "agents"}))
+    view = await run(config, settings(bus, scripted_gateway))
+    outcomes = Counter((s.started.task_id, s.finished.status if s.finished else None, s.finished and s.finished.reward)
+                       for s in view.rollouts.values())
+    assert outcomes == Counter({("ok", "succeeded", 0.5): 2, ("fails", "failed", None): 2,
+                                ("slow", "timeout", None): 2})
+    assert all(s.started.runner == "kubernetes" for s in view.rollouts.values())
+    assert sorted(ledger(tmp_path).values()) == [1] * 6
