@@ -40,6 +40,7 @@ bench: setup
 	$(BIN)/python bench/bus_throughput.py
 	$(BIN)/python bench/engine_throughput.py
 	$(BIN)/python bench/gateway_overhead.py
+	$(BIN)/python bench/controller_launch.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
