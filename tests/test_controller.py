@@ -84,6 +84,12 @@ async def test_k_rollouts_per_task_with_rewards_posted_by_the_harness(
     replayed = await read_run(bus, run_id)
     assert {r: s.finished.status for r, s in replayed.rollouts.items() if s.finished} == \
         {r: "succeeded" for r in view.rollouts}
+    listing = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tether.cli", "rollouts", "ls", "--run", run_id, stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "COLUMNS": "250"})
+    out = (await listing.communicate())[0].decode()
+    assert listing.returncode == 0 and out.count("succeeded") == 4, out
+    assert all(rid in out for rid in view.rollouts), out
 
 
 async def test_rewards_from_a_command_and_the_ways_a_rollout_fails(
