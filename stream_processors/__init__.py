@@ -1,1 +1,1 @@
-"""Faust stream processors: join calls to rollouts, assemble task groups, feed analytics (issue 6)."""
+"""Stream processors: calls joined to rollouts, task groups to tether.samples, analytics to ClickHouse."""

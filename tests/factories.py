@@ -140,3 +140,43 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
                              error_type=texts, consumer=texts, key=st.none() | st.binary(),
                              value=st.none() | st.binary(max_size=2000), dead_at=stamps),
 }
+
+
+def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, int] = (2, 5), seed: int = 0,
+                  prompt_tokens: int = 300, response_tokens: int = 60, failing: float = 0.0,
+                  compacting: float = 0.0) -> list[Event]:
+    """A run's events as gateway and controller write them: multi-call rollouts whose prompts extend each other
+    (or restart, for a compacting harness), seal, reward, finish. In production order, per rollout."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[Event] = []
+    timings = ev.Timings(received_at=T0, finished_at=T0, queued_ms=0.1, engine_ms=5.0)
+    for g in range(groups):
+        gid = f"{run_id}.task{g}"
+        for k in range(group_size):
+            rid = f"{gid}.r{k}.a0"
+            out.append(ev.RolloutStarted(rollout_id=rid, run_id=run_id, group_id=gid, task_id=f"task{g}",
+                                         task_json="{}", group_size=group_size, started_at=T0))
+            prompt = [rng.randrange(3, 2000) for _ in range(prompt_tokens)]
+            call_ids = []
+            for seq in range(rng.randint(*calls)):
+                if seq and rng.random() < compacting:
+                    prompt = prompt[:prompt_tokens // 2]  # the harness summarised its context
+                response = [rng.randrange(3, 2000) for _ in range(rng.randint(1, response_tokens))]
+                cid = f"{rid}-c{seq}"
+                call_ids.append(cid)
+                out.append(ev.ModelCall(
+                    call_id=cid, rollout_id=rid, run_id=run_id, gateway_id="gw", seq=seq, api="openai.chat",
+                    model="tiny", request_json="{}", response_json="{}", prompt_token_ids=list(prompt),
+                    response_token_ids=response, response_logprobs=[-rng.random() for _ in response],
+                    weight_version=g // 4, sampling=ev.Sampling(temperature=1.0, top_p=1.0, max_tokens=64, seed=None),
+                    usage=ev.Usage(prompt_tokens=len(prompt), completion_tokens=len(response)), timings=timings))
+                prompt = prompt + response + [rng.randrange(3, 2000) for _ in range(20)]
+            out.append(ev.RolloutSealed(rollout_id=rid, run_id=run_id, call_ids=call_ids, sealed_at=T0))
+            failed = rng.random() < failing
+            reward = None if failed else float(rng.random() < 0.5)
+            out.append(ev.RolloutFinished(rollout_id=rid, run_id=run_id, status="failed" if failed else "succeeded",
+                                          duration_s=1.0, exit_code=1 if failed else 0, reward=reward,
+                                          finished_at=T0.replace(second=g % 60)))
+    return out

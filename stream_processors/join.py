@@ -1,0 +1,106 @@
+"""Joining one rollout's events: calls, seal, start, reward and finish, in any order, duplicates ignored. Pure.
+
+A rollout is complete when it is started, sealed, finished, and every call
+the seal lists has arrived. Only the sealed calls are used: a call whose
+acknowledgement timed out may still land, but the gateway did not count it.
+The state is plain data (JSON bytes) so a Faust table can hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from schemas.events import Event, ModelCall, RewardReported, RolloutFinished, RolloutSealed, RolloutStarted, Segment
+from stream_processors.assembly import Call, assemble
+
+
+@dataclass(frozen=True)
+class CompleteRollout:
+    """What the grouping step needs of a rollout: its place, its outcome, its segments."""
+    rollout_id: str
+    run_id: str
+    group_id: str
+    task_id: str
+    group_size: int
+    status: str
+    reward: float | None
+    reason: str | None
+    retry_of: str | None
+    finished_at: str  # ISO 8601: it becomes the TaskGroup's created_at, so replays agree
+    segments: list[Segment]
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, data: bytes) -> CompleteRollout:
+        raw = orjson.loads(data)
+        raw["segments"] = [Segment(**s) for s in raw["segments"]]
+        return cls(**raw)
+
+
+@dataclass
+class RolloutJoin:
+    rollout_id: str
+    run_id: str = ""
+    started: dict[str, Any] | None = None
+    finished: dict[str, Any] | None = None
+    reward: float | None = None
+    sealed: list[str] | None = None
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    done: bool = False  # emitted: later duplicates change nothing
+
+    def apply(self, event: Event) -> None:
+        if self.done:
+            return
+        self.run_id = self.run_id or getattr(event, "run_id", "")
+        if isinstance(event, ModelCall):
+            if event.call_id not in self.calls:
+                self.calls[event.call_id] = {
+                    "seq": event.seq, "choice_index": event.choice_index, "prompt": event.prompt_token_ids,
+                    "response": event.response_token_ids, "logprobs": event.response_logprobs,
+                    "version": event.weight_version, "ok": event.status == "ok"}
+        elif isinstance(event, RolloutSealed):
+            self.sealed = self.sealed if self.sealed is not None else list(event.call_ids)
+        elif isinstance(event, RolloutStarted):
+            self.started = self.started or {"group_id": event.group_id, "task_id": event.task_id,
+                                            "group_size": event.group_size, "retry_of": event.retry_of}
+        elif isinstance(event, RewardReported):
+            self.reward = event.reward if self.reward is None else self.reward
+        elif isinstance(event, RolloutFinished):
+            self.finished = self.finished or {"status": event.status, "reward": event.reward,
+                                              "reason": event.reason, "finished_at": _iso(event.finished_at)}
+
+    @property
+    def complete(self) -> bool:
+        return (not self.done and self.started is not None and self.finished is not None
+                and self.sealed is not None and all(c in self.calls for c in self.sealed))
+
+    def result(self) -> CompleteRollout:
+        assert self.started is not None and self.finished is not None and self.sealed is not None
+        calls = [Call(cid, c["seq"], c["choice_index"], c["prompt"], c["response"], c["logprobs"], c["version"],
+                      c["ok"]) for cid in self.sealed for c in (self.calls[cid],)]
+        reward = self.finished["reward"] if self.finished["reward"] is not None else self.reward
+        return CompleteRollout(
+            self.rollout_id, self.run_id, self.started["group_id"], self.started["task_id"],
+            self.started["group_size"], self.finished["status"], reward, self.finished["reason"],
+            self.started["retry_of"], self.finished["finished_at"], assemble(calls))
+
+    def close(self) -> None:
+        """Keep only the marker: the table stays small, and late duplicates are ignored."""
+        self.done, self.calls, self.sealed = True, {}, []
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, data: bytes) -> RolloutJoin:
+        return cls(**orjson.loads(data))
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()

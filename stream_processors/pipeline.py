@@ -1,0 +1,69 @@
+"""The two steps every path runs, live (Faust agents) and in replay: event → rollout, rollout → task group."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable
+
+from schemas.events import Event, TaskGroup
+from schemas.serde import decode, encode, to_jsonable
+from stream_processors.grouping import GroupState, Policy, build, ready
+from stream_processors.join import CompleteRollout, RolloutJoin
+
+
+def rollout_step(join: RolloutJoin, event: Event) -> CompleteRollout | None:
+    """Apply one event; the rollout once it just became complete (the join keeps only a marker after)."""
+    join.apply(event)
+    if not join.complete:
+        return None
+    result = join.result()
+    join.close()
+    return result
+
+
+def group_step(group: GroupState, rollout: CompleteRollout, policy: Policy) -> TaskGroup | None:
+    """Add one complete rollout; the TaskGroup once the group just became ready."""
+    if group.emitted:
+        return None
+    group.add(rollout)
+    members = group.members()
+    if not ready(members):
+        return None
+    group.emitted = True
+    return build(members, policy)
+
+
+def rebuild(events: Iterable[Event], run_id: str, policy: Policy) -> list[TaskGroup]:
+    """A run's task groups from its events in log order; groups that never became ready come out partial."""
+    joins: dict[str, RolloutJoin] = {}
+    groups: dict[str, GroupState] = {}
+    out: list[TaskGroup] = []
+    for event in events:
+        rid = getattr(event, "rollout_id", None)
+        if rid is None or getattr(event, "run_id", None) != run_id:
+            continue
+        rollout = rollout_step(joins.setdefault(rid, RolloutJoin(rid)), event)
+        if rollout is not None:
+            group = groups.setdefault(rollout.group_id, GroupState(rollout.group_id, time.time()))
+            if (ready_group := group_step(group, rollout, policy)) is not None:
+                out.append(ready_group)
+    for group in groups.values():
+        if not group.emitted:
+            out.append(build(group.members(), policy, partial=True))
+    return sorted(out, key=lambda g: g.group_id)
+
+
+def canonical(group: TaskGroup) -> str:
+    """Through Avro first, so a group rebuilt in memory and one read from tether.samples compare alike."""
+    stored = decode(encode(group))
+    return json.dumps(to_jsonable(stored), sort_keys=True, separators=(",", ":"))
+
+
+def content_hash(groups: Iterable[TaskGroup]) -> str:
+    """sha256 over the groups' canonical JSON, in group id order: equal hashes, equal training data."""
+    digest = hashlib.sha256()
+    for group in sorted(groups, key=lambda g: g.group_id):
+        digest.update(canonical(group).encode() + b"\n")
+    return digest.hexdigest()
