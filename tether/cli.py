@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 SERVICES = """Services of a Tether run: kafka (the event log), engine (inference), gateway (the API harnesses call,
 records every call), controller (runs harnesses), processors (calls to training samples, analytics), trainer
-(learns, publishes weight versions). processors and trainer arrive with issues 6 and 7."""
+(learns, publishes weight versions). The trainer arrives with issue 7."""
 
 app = typer.Typer(
     help="Tether: train the agent harness you ship with RL, through a gateway that records every call on Kafka.",
@@ -41,12 +42,15 @@ gateway_app = typer.Typer(help="The gateway harnesses call (OpenAI and Anthropic
                           no_args_is_help=True)
 controller_app = typer.Typer(help="The rollout controller: runs K harness rollouts per task.", no_args_is_help=True)
 rollouts_app = typer.Typer(help="Rollouts of a run, as tether.rollouts records them.", no_args_is_help=True)
+processors_app = typer.Typer(help="Stream processors: calls joined to rollouts, task groups, analytics sink.",
+                             no_args_is_help=True)
 model_app = typer.Typer(help="Models: build the tiny one the tests and the demo use.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka", rich_help_panel="Services")
 app.add_typer(engine_app, name="engine", rich_help_panel="Services")
 app.add_typer(gateway_app, name="gateway", rich_help_panel="Services")
 app.add_typer(controller_app, name="controller", rich_help_panel="Services")
 app.add_typer(rollouts_app, name="rollouts", rich_help_panel="Bus")
+app.add_typer(processors_app, name="processors", rich_help_panel="Services")
 app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
@@ -320,6 +324,78 @@ def rollouts_ls(run: Annotated[str, typer.Option("--run", help="The run id.")]) 
                       "" if f is None or f.reward is None else f"{f.reward:g}",
                       "" if f is None else f"{f.duration_s:.1f}", (f.reason or "") if f else "")
     Console().print(table)
+
+
+@processors_app.command("run")
+def processors_run(
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run's events.")] = None,
+) -> None:
+    """Join, group and sink until interrupted (settings: TETHER_PROCESSOR_*, Kafka: TETHER_BUS_*)."""
+    from faust.worker import Worker
+
+    from stream_processors.app import create_app
+    from stream_processors.settings import ProcessorSettings
+
+    settings = load_settings(ProcessorSettings, run_id=run_id)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    Worker(create_app(settings), loglevel="warning", quiet=True).execute_from_commandline()
+
+
+@app.command("replay", rich_help_panel="Bus")
+def replay_run(
+    run: Annotated[str, typer.Option("--run", help="The run id.")],
+    out: Annotated[Path | None, typer.Option(help="Write the task groups here, one JSON object per line.")] = None,
+    compare: Annotated[bool, typer.Option(help="Also hash what tether.samples holds for the run.")] = True,
+) -> None:
+    """Rebuild a run's task groups from tether.calls and tether.rollouts, with a content hash."""
+    from rich.progress import Progress
+
+    from schemas.samples import unique_groups
+    from stream_processors.grouping import Policy
+    from stream_processors.pipeline import content_hash
+    from stream_processors.replay import replay, write_jsonl
+    from stream_processors.settings import ProcessorSettings
+
+    settings = load_settings(ProcessorSettings)
+    with failing_cleanly(), Progress(console=console) as progress:
+        events, groups = asyncio.run(replay(settings.bus, run, Policy(settings.failed, settings.fill_reward),
+                                            progress))
+        stored = asyncio.run(unique_groups(settings.bus, run)) if compare else None
+    rebuilt = content_hash(groups)
+    partial = sum(g.partial for g in groups)
+    typer.echo(f"replayed {len(events)} events of run {run}: {len(groups)} task groups ({partial} partial)")
+    typer.echo(f"rebuilt   sha256 {rebuilt}")
+    if out is not None:
+        write_jsonl(groups, out)
+        typer.echo(f"wrote {out}")
+    if stored is not None:
+        held = content_hash(stored)
+        typer.echo(f"samples   sha256 {held} ({len(stored)} task groups on tether.samples)")
+        typer.echo("identical" if held == rebuilt else "DIFFERENT: see README (partial groups, or a live lag)")
+
+
+@app.command("analytics", rich_help_panel="Bus")
+def analytics(
+    run: Annotated[str, typer.Option("--run", help="The run id.")],
+    dsn: Annotated[str | None, typer.Option(help="ClickHouse DSN (default: TETHER_PROCESSOR_CLICKHOUSE_DSN).")]
+    = None,
+    out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path(".tether/analytics"),
+) -> None:
+    """Reward per weight version, tokens and calls per rollout, gateway latency, staleness, failures."""
+    from stream_processors.analytics import plot, print_results, run_queries
+    from stream_processors.errors import ProcessorError
+    from stream_processors.settings import ProcessorSettings
+    from stream_processors.sink import connect
+
+    target = dsn or load_settings(ProcessorSettings).clickhouse_dsn
+    if not target:
+        fail("no ClickHouse DSN: pass --dsn or set TETHER_PROCESSOR_CLICKHOUSE_DSN", 2)
+    try:
+        results = run_queries(connect(target), run)
+    except ProcessorError as exc:
+        fail(str(exc))
+    print_results(results, run, Console(width=max(130, shutil.get_terminal_size().columns)))
+    typer.echo(f"plot: {plot(results, run, out / f'{run}.png')}", err=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,30 @@
+-- Analytics tables the sink fills from the topics. ReplacingMergeTree on each
+-- record's own id: a record written twice (a restarted sink re-reads a little)
+-- counts once in queries that use FINAL.
+CREATE TABLE IF NOT EXISTS calls (
+    run_id String, rollout_id String, call_id String, seq UInt32, choice_index UInt32, api LowCardinality(String),
+    model String, status LowCardinality(String), http_status UInt16, finish_reason Nullable(String),
+    prompt_tokens UInt32, completion_tokens UInt32, weight_version Int64, engine_ms Float64, queued_ms Float64,
+    latency_ms Float64, received_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id, call_id);
+
+CREATE TABLE IF NOT EXISTS rollouts (
+    run_id String, rollout_id String, group_id String, task_id String, attempt UInt32,
+    retry_of Nullable(String), runner LowCardinality(String), weight_version Int64,
+    started_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id);
+
+CREATE TABLE IF NOT EXISTS rollout_results (
+    run_id String, rollout_id String, status LowCardinality(String), reward Nullable(Float64),
+    exit_code Nullable(Int32), duration_s Float64, reason Nullable(String), finished_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id);
+
+CREATE TABLE IF NOT EXISTS task_groups (
+    run_id String, group_id String, task_id String, group_size UInt32, rollouts UInt32, dropped UInt32,
+    partial Bool, trainable_tokens UInt64, mean_reward Nullable(Float64), min_version Int64, max_version Int64,
+    created_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, group_id);
+
+CREATE TABLE IF NOT EXISTS weight_versions (
+    run_id String, version Int64, checkpoint_path Nullable(String), published_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, version);

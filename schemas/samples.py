@@ -1,0 +1,39 @@
+"""Reading task groups from tether.samples: one per group id.
+
+The stream processors deliver at least once and build each group
+deterministically, so a group can appear twice only as the same bytes; the
+first record per group id is the group. Trainer, replay and analytics all
+read through this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import TaskGroup
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+
+
+async def read_groups(bus: BusSettings, run_id: str) -> AsyncIterator[tuple[TaskGroup, bool]]:
+    """Every TaskGroup of the run on tether.samples now, in log order, with whether it repeats an earlier one."""
+    seen: set[str] = set()
+    async with EventProducer(bus) as deadletters, \
+            EventConsumer(bus, [topics.SAMPLES], deadletters, name=f"samples-{run_id}") as consumer:
+        ends = await consumer.end_offsets()
+        if all(end == 0 for end in ends.values()):
+            return
+        async for batch in consumer.batches(timeout_ms=200):
+            for received in batch:
+                group = received.event
+                if isinstance(group, TaskGroup) and group.run_id == run_id:
+                    yield group, group.group_id in seen
+                    seen.add(group.group_id)
+            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                return
+
+
+async def unique_groups(bus: BusSettings, run_id: str) -> list[TaskGroup]:
+    return [group async for group, repeated in read_groups(bus, run_id) if not repeated]

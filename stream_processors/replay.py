@@ -1,0 +1,48 @@
+"""Rebuilding a run's training data from the topics: the same pure steps as the live processors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.progress import Progress
+
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import Event, TaskGroup
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from stream_processors.grouping import Policy
+from stream_processors.pipeline import canonical, rebuild
+
+
+async def read_run_events(bus: BusSettings, run_id: str, progress: Progress | None = None) -> list[Event]:
+    """The run's events on tether.calls and tether.rollouts, from the beginning to the current end."""
+    found: list[Event] = []
+    async with EventProducer(bus) as deadletters, \
+            EventConsumer(bus, [topics.CALLS, topics.ROLLOUTS], deadletters, name=f"replay-{run_id}") as consumer:
+        ends = await consumer.end_offsets()
+        total = sum(ends.values())
+        task = progress.add_task("reading tether.calls and tether.rollouts", total=total) if progress else None
+        if total == 0:
+            return found
+        async for batch in consumer.batches(timeout_ms=200):
+            found.extend(r.event for r in batch if getattr(r.event, "run_id", None) == run_id)
+            positions = [min(await consumer.position(tp), end) for tp, end in ends.items()]
+            if progress is not None and task is not None:
+                progress.update(task, completed=sum(positions))
+            if all(p >= end for p, end in zip(positions, ends.values(), strict=True)):
+                return found
+    return found
+
+
+def write_jsonl(groups: list[TaskGroup], path: Path) -> None:
+    """One group per line, as canonical as `pipeline.canonical` (through Avro, sorted keys)."""
+    with path.open("w") as out:
+        for group in groups:
+            out.write(canonical(group) + "\n")
+
+
+async def replay(bus: BusSettings, run_id: str, policy: Policy,
+                 progress: Progress | None = None) -> tuple[list[Event], list[TaskGroup]]:
+    events = await read_run_events(bus, run_id, progress)
+    return events, rebuild(events, run_id, policy)

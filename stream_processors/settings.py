@@ -1,0 +1,29 @@
+"""How the stream processors run; read once from TETHER_PROCESSOR_* (and TETHER_BUS_* for Kafka)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.settings import BusSettings
+
+
+class ProcessorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TETHER_PROCESSOR_", frozen=True)
+
+    app_id: str = Field("tether-processor", description="Consumer group and prefix of the tables' changelogs.")
+    run_id: str | None = Field(None, description="Only this run's events (default: every run on the topics).")
+    failed: Literal["drop", "fill"] = Field("drop", description="Failed/timed-out rollouts: drop, or fill.")
+    fill_reward: float = Field(0.0, description="The reward a kept failed rollout gets with failed=fill.")
+    group_timeout_s: float = Field(1800.0, gt=0, description="Then a group that never completed goes out partial.")
+    check_interval_s: float = Field(5.0, gt=0)
+    clickhouse_dsn: str | None = Field(
+        "chdb://.tether/clickhouse", description="Analytics sink: chdb://PATH (in process) or a ClickHouse URL; "
+        "empty to turn the sink off.")
+    sink_batch: int = Field(1000, ge=1, description="Rows per insert at most.")
+    sink_flush_s: float = Field(1.0, gt=0, description="Insert at least this often while rows arrive.")
+    data_dir: Path = Field(Path(".tether/processor"), description="Faust's local state.")
+    bus: BusSettings = Field(default_factory=BusSettings)
