@@ -8,7 +8,7 @@ The state is plain data (JSON bytes) so a Faust table can hold it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -34,7 +34,7 @@ class CompleteRollout:
     segments: list[Segment]
 
     def dumps(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson walks dataclasses natively, far faster than asdict
 
     @classmethod
     def loads(cls, data: bytes) -> CompleteRollout:
@@ -95,7 +95,7 @@ class RolloutJoin:
         self.done, self.calls, self.sealed = True, {}, []
 
     def dumps(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson walks dataclasses natively, far faster than asdict
 
     @classmethod
     def loads(cls, data: bytes) -> RolloutJoin:
