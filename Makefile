@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python bench/engine_throughput.py
 	$(BIN)/python bench/gateway_overhead.py
 	$(BIN)/python bench/controller_launch.py
+	$(BIN)/python bench/pipeline_throughput.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
