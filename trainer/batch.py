@@ -1,0 +1,123 @@
+"""Task groups → a verl `DataProto` of packed rows: every segment once, no needless padding.
+
+Position i of a segment predicts token i+1, so the trainable targets are the
+tokens whose loss mask is set, each with its behaviour logprob, the weight
+version that sampled it, its rollout's advantage and normalisation weight.
+Segments are packed first-fit-decreasing into rows of at most `row_tokens`;
+within a row, `segment_ids` keep attention inside each segment
+(a block-diagonal causal mask) and positions restart per segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from verl import DataProto
+
+from schemas.events import TaskGroup
+from trainer.algorithms import LossMode, per_task_weights, rollout_advantages
+
+FIELDS = ("input_ids", "position_ids", "segment_ids", "targets", "loss_mask", "behaviour_log_probs", "versions",
+          "advantages", "token_weights")
+
+
+@dataclass
+class Selection:
+    """What went into a batch and what did not, for metrics."""
+    groups: list[TaskGroup] = field(default_factory=list)
+    no_signal: int = 0  # groups whose rewards were all equal (or a single rollout)
+    stale: int = 0  # groups older than max_staleness
+
+
+def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_variance: str = "drop") -> Selection:
+    """Drop groups with tokens sampled more than `max_staleness` versions ago, and (by policy) no-signal groups."""
+    out = Selection()
+    for group in groups:
+        versions = [v for r in group.rollouts for s in r.segments
+                    for v, m in zip(s.weight_versions, s.loss_mask, strict=True) if m]
+        if versions and version - min(versions) > max_staleness:
+            out.stale += 1
+            continue
+        rewards = [r.reward for r in group.rollouts]
+        if len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-12:
+            out.no_signal += 1
+            if zero_variance == "drop":
+                continue
+        out.groups.append(group)
+    return out
+
+
+@dataclass(frozen=True)
+class _Piece:
+    tokens: list[int]
+    targets: list[int]
+    mask: list[float]
+    behaviour: list[float]
+    versions: list[int]
+    advantage: float
+    weight: float
+
+
+def _pieces(groups: list[TaskGroup], normalise_by_std: bool, mode: LossMode) -> list[_Piece]:
+    advantages = rollout_advantages([[r.reward for r in g.rollouts] for g in groups], normalise_by_std)
+    tokens = [[sum(sum(s.loss_mask[1:]) for s in r.segments) for r in g.rollouts] for g in groups]
+    weights = per_task_weights(tokens) if mode == "per-task" else [[1.0] * len(t) for t in tokens]
+    pieces = []
+    for g, group in enumerate(groups):
+        group_advantages = advantages[g] or [0.0] * len(group.rollouts)  # no signal, kept: zero advantage
+        for r, rollout in enumerate(group.rollouts):
+            for s in rollout.segments:
+                if len(s.token_ids) < 2:
+                    continue
+                pieces.append(_Piece(s.token_ids[:-1], s.token_ids[1:], [float(m) for m in s.loss_mask[1:]],
+                                     s.logprobs[1:], s.weight_versions[1:], group_advantages[r], weights[g][r]))
+    return pieces
+
+
+def build_batch(groups: list[TaskGroup], row_tokens: int = 4096, pack: bool = True, normalise_by_std: bool = True,
+                mode: LossMode = "per-task") -> DataProto:
+    """`pack=False` (and seq-mean-token-mean, where a row must be one sequence): one segment per row."""
+    pieces = sorted(_pieces(groups, normalise_by_std, mode), key=lambda p: -len(p.tokens))
+    rows: list[list[_Piece]] = []
+    room: list[int] = []
+    for piece in pieces:
+        n = len(piece.tokens)
+        spot = next((i for i, free in enumerate(room) if free >= n), None) if pack and mode != \
+            "seq-mean-token-mean" else None
+        if spot is None:
+            rows.append([piece])
+            room.append(max(row_tokens, n) - n)
+        else:
+            rows[spot].append(piece)
+            room[spot] -= n
+    length = max((sum(len(p.tokens) for p in row) for row in rows), default=0)
+    data = {name: torch.zeros(len(rows), length, dtype=torch.float32 if name in (
+        "loss_mask", "behaviour_log_probs", "advantages", "token_weights") else torch.long) for name in FIELDS}
+    data["segment_ids"].fill_(-1)
+    for i, row in enumerate(rows):
+        at = 0
+        for j, p in enumerate(row):
+            span = slice(at, at + len(p.tokens))
+            data["input_ids"][i, span] = torch.tensor(p.tokens)
+            data["position_ids"][i, span] = torch.arange(len(p.tokens))
+            data["segment_ids"][i, span] = j
+            data["targets"][i, span] = torch.tensor(p.targets)
+            data["loss_mask"][i, span] = torch.tensor(p.mask)
+            data["behaviour_log_probs"][i, span] = torch.tensor(p.behaviour)
+            data["versions"][i, span] = torch.tensor(p.versions)
+            data["advantages"][i, span] = p.advantage
+            data["token_weights"][i, span] = p.weight
+            at += len(p.tokens)
+    batch: DataProto = DataProto.from_dict(tensors=data, meta_info={"task_groups": len(groups),
+                                                                    "segments": len(pieces)})
+    return batch
+
+
+def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(rows, 1, L, L) bool: causal, and only within a segment (padding, -1, sees nothing but itself)."""
+    length = segment_ids.shape[-1]
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=segment_ids.device))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    eye = torch.eye(length, dtype=torch.bool, device=segment_ids.device)
+    return ((causal & same) | eye)[:, None]
