@@ -307,6 +307,31 @@ class GatewayLeft:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerStep:
+    run_id: str
+    version: int
+    task_groups: int
+    tokens: int
+    mean_reward: float
+    loss: float
+    entropy: float
+    clip_fraction: float
+    kl: float
+    grad_norm: float
+    staleness_mean: float
+    staleness_max: float
+    dropped_stale: int = 0
+    dropped_no_signal: int = 0
+    seconds: float = 0.0
+    stepped_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id")
+        _require(self.version >= 1, self, "version must be >= 1")
+        _require_aware(self, "stepped_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter:
     topic: str
     partition: int
@@ -332,5 +357,6 @@ Event = (
     | UpdateAborted
     | GatewayJoined
     | GatewayLeft
+    | TrainerStep
     | DeadLetter
 )

@@ -48,7 +48,7 @@ SAMPLES = Topic(
 CONTROL = Topic(
     "tether.control", "run_id", 1,
     (events.UpdateRequested, events.GatewayDrained, events.WeightVersionPublished, events.UpdateAborted,
-     events.GatewayJoined, events.GatewayLeft),
+     events.GatewayJoined, events.GatewayLeft, events.TrainerStep),
     "trainer/gateway update handshake and gateway membership, in one total order", max_bytes=1 * MiB,
 )
 DEADLETTER = Topic(

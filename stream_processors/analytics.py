@@ -12,7 +12,7 @@ from rich.table import Table
 from stream_processors.sink import query
 
 QUERIES = ("reward_per_version", "tokens_per_rollout", "calls_per_rollout", "gateway_latency", "staleness",
-           "failures_by_status")
+           "failures_by_status", "updates")
 Result = tuple[list[str], list[tuple[Any, ...]]]
 
 

@@ -20,6 +20,7 @@ from schemas.events import (
     RolloutFinished,
     RolloutStarted,
     TaskGroup,
+    TrainerStep,
     WeightVersionPublished,
 )
 from stream_processors.errors import AnalyticsError
@@ -37,6 +38,9 @@ COLUMNS = {
     "task_groups": ["run_id", "group_id", "task_id", "group_size", "rollouts", "dropped", "partial",
                     "trainable_tokens", "mean_reward", "min_version", "max_version", "created_at"],
     "weight_versions": ["run_id", "version", "checkpoint_path", "published_at"],
+    "updates": ["run_id", "version", "task_groups", "tokens", "mean_reward", "loss", "entropy", "clip_fraction",
+                "kl", "grad_norm", "staleness_mean", "staleness_max", "dropped_stale", "dropped_no_signal",
+                "seconds", "stepped_at"],
 }
 
 
@@ -64,6 +68,8 @@ def row_for(event: Event) -> tuple[str, list[Any]] | None:
                                len(event.dropped), event.partial, tokens,
                                sum(rewards) / len(rewards) if rewards else None,
                                min(versions, default=0), max(versions, default=0), event.created_at]
+    if isinstance(event, TrainerStep):
+        return "updates", [getattr(event, name) for name in COLUMNS["updates"]]
     if isinstance(event, WeightVersionPublished):
         return "weight_versions", [event.run_id, event.version, event.checkpoint_path, event.published_at]
     return None

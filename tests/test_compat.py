@@ -20,8 +20,9 @@ FROZEN = Path(__file__).parent / "frozen"
 FROZEN_BYTES = sorted(FROZEN.glob("v*/*.bin"))
 
 
-def test_first_version_is_frozen_for_every_event() -> None:
-    assert {p.stem for p in (FROZEN / "v1").glob("*.bin")} == {cls.__name__ for cls in EVENT_TYPES}
+def test_every_event_is_frozen_from_its_first_version() -> None:
+    """v1 froze the first events; an event type added later is frozen in the version it arrived with."""
+    assert {p.stem for p in FROZEN.glob("v*/*.bin")} == {cls.__name__ for cls in EVENT_TYPES}
 
 
 @pytest.mark.parametrize("path", FROZEN_BYTES, ids=lambda p: f"{p.parent.name}/{p.stem}")

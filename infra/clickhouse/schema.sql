@@ -28,3 +28,10 @@ CREATE TABLE IF NOT EXISTS task_groups (
 CREATE TABLE IF NOT EXISTS weight_versions (
     run_id String, version Int64, checkpoint_path Nullable(String), published_at DateTime64(6, 'UTC')
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, version);
+
+CREATE TABLE IF NOT EXISTS updates (
+    run_id String, version Int64, task_groups UInt32, tokens UInt64, mean_reward Float64, loss Float64,
+    entropy Float64, clip_fraction Float64, kl Float64, grad_norm Float64, staleness_mean Float64,
+    staleness_max Float64, dropped_stale UInt32, dropped_no_signal UInt32, seconds Float64,
+    stepped_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, version);
