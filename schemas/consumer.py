@@ -96,6 +96,13 @@ class EventConsumer:
         """Current end of every assigned partition: where a reader that wants 'everything so far' stops."""
         return dict(await self._consumer.end_offsets(list(self._consumer.assignment())))
 
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._consumer.assignment())
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Read `partition` from `offset` next (a reader that keeps its own offsets, e.g. in a checkpoint)."""
+        self._consumer.seek(partition, offset)
+
     async def position(self, partition: TopicPartition) -> int:
         """Offset of the next record this consumer will read from `partition`."""
         return int(await self._consumer.position(partition))

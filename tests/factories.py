@@ -152,7 +152,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
 
 def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, int] = (2, 5), seed: int = 0,
                   prompt_tokens: int = 300, response_tokens: int = 60, failing: float = 0.0,
-                  compacting: float = 0.0) -> list[Event]:
+                  compacting: float = 0.0, vocab: int = 2000) -> list[Event]:
     """A run's events as gateway and controller write them: multi-call rollouts whose prompts extend each other
     (or restart, for a compacting harness), seal, reward, finish. In production order, per rollout."""
     import random
@@ -166,12 +166,12 @@ def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, i
             rid = f"{gid}.r{k}.a0"
             out.append(ev.RolloutStarted(rollout_id=rid, run_id=run_id, group_id=gid, task_id=f"task{g}",
                                          task_json="{}", group_size=group_size, started_at=T0))
-            prompt = [rng.randrange(3, 2000) for _ in range(prompt_tokens)]
+            prompt = [rng.randrange(3, vocab) for _ in range(prompt_tokens)]
             call_ids = []
             for seq in range(rng.randint(*calls)):
                 if seq and rng.random() < compacting:
                     prompt = prompt[:prompt_tokens // 2]  # the harness summarised its context
-                response = [rng.randrange(3, 2000) for _ in range(rng.randint(1, response_tokens))]
+                response = [rng.randrange(3, vocab) for _ in range(rng.randint(1, response_tokens))]
                 cid = f"{rid}-c{seq}"
                 call_ids.append(cid)
                 out.append(ev.ModelCall(
@@ -180,7 +180,7 @@ def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, i
                     response_token_ids=response, response_logprobs=[-rng.random() for _ in response],
                     weight_version=g // 4, sampling=ev.Sampling(temperature=1.0, top_p=1.0, max_tokens=64, seed=None),
                     usage=ev.Usage(prompt_tokens=len(prompt), completion_tokens=len(response)), timings=timings))
-                prompt = prompt + response + [rng.randrange(3, 2000) for _ in range(20)]
+                prompt = prompt + response + [rng.randrange(3, vocab) for _ in range(20)]
             out.append(ev.RolloutSealed(rollout_id=rid, run_id=run_id, call_ids=call_ids, sealed_at=T0))
             failed = rng.random() < failing
             reward = None if failed else float(rng.random() < 0.5)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 SERVICES = """Services of a Tether run: kafka (the event log), engine (inference), gateway (the API harnesses call,
 records every call), controller (runs harnesses), processors (calls to training samples, analytics), trainer
-(learns, publishes weight versions). The trainer arrives with issue 7."""
+(learns, publishes weight versions)."""
 
 app = typer.Typer(
     help="Tether: train the agent harness you ship with RL, through a gateway that records every call on Kafka.",
@@ -44,6 +44,7 @@ controller_app = typer.Typer(help="The rollout controller: runs K harness rollou
 rollouts_app = typer.Typer(help="Rollouts of a run, as tether.rollouts records them.", no_args_is_help=True)
 processors_app = typer.Typer(help="Stream processors: calls joined to rollouts, task groups, analytics sink.",
                              no_args_is_help=True)
+trainer_app = typer.Typer(help="The trainer: task groups in, weight versions out.", no_args_is_help=True)
 model_app = typer.Typer(help="Models: build the tiny one the tests and the demo use.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka", rich_help_panel="Services")
 app.add_typer(engine_app, name="engine", rich_help_panel="Services")
@@ -51,6 +52,7 @@ app.add_typer(gateway_app, name="gateway", rich_help_panel="Services")
 app.add_typer(controller_app, name="controller", rich_help_panel="Services")
 app.add_typer(rollouts_app, name="rollouts", rich_help_panel="Bus")
 app.add_typer(processors_app, name="processors", rich_help_panel="Services")
+app.add_typer(trainer_app, name="trainer", rich_help_panel="Services")
 app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
@@ -396,6 +398,43 @@ def analytics(
         fail(str(exc))
     print_results(results, run, Console(width=max(130, shutil.get_terminal_size().columns)))
     typer.echo(f"plot: {plot(results, run, out / f'{run}.png')}", err=True)
+
+
+@trainer_app.command("run")
+def trainer_run(
+    config: Annotated[Path, typer.Argument(help="The trainer's YAML file (run_id, model, batch_groups, lr...).")],
+) -> None:
+    """Train on the run's task groups as they arrive; pause, update and resume the gateways each B groups."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from schemas.settings import BusSettings
+    from trainer.config import load_config as load_trainer_config
+    from trainer.errors import TrainerError
+    from trainer.loop import Trainer
+    from trainer.report import plot_history
+
+    bus = load_settings(BusSettings)
+    try:
+        cfg = load_trainer_config(config)
+    except TrainerError as exc:
+        fail(str(exc), 2)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console)
+    bar = progress.add_task(f"updates of {cfg.run_id}", total=cfg.max_updates, detail="waiting for task groups")
+
+    def tick(m: dict[str, float]) -> None:
+        progress.update(bar, advance=1, detail=f"v{m['version']:.0f} reward {m['mean_reward']:.3f} "
+                                               f"loss {m['loss']:.4f} ({m['task_groups']:.0f} groups)")
+
+    trainer = Trainer(cfg, bus, on_update=tick)
+    with failing_cleanly(), progress:
+        try:
+            state = asyncio.run(trainer.run())
+        except TrainerError as exc:
+            fail(str(exc))
+    if state.history:
+        out = plot_history(state.history, cfg.run_dir / "updates.png", f"run {cfg.run_id}")
+        typer.echo(f"{len(state.history)} updates, now version {state.version}; plot: {out}", err=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,160 @@
+"""The trainer against the real broker: the pause→drain→update→resume handshake with a real gateway and engine,
+and a trainer killed mid-run that resumes without training a group twice or skipping one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from infra.processes import free_port, stop
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import (
+    Event,
+    GatewayDrained,
+    ModelCall,
+    TaskGroup,
+    TrainerStep,
+    UpdateAborted,
+    UpdateRequested,
+    WeightVersionPublished,
+)
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from stream_processors.grouping import Policy
+from stream_processors.pipeline import rebuild
+from tests.conftest import RunningEngine, gateway, spawn
+from tests.factories import synthetic_run
+from trainer import checkpoint
+from trainer.config import TrainerConfig
+from trainer.loop import Trainer
+
+
+def task_groups(run_id: str, n: int, seed: int = 0, prompt_tokens: int = 40) -> list[TaskGroup]:
+    groups = rebuild(synthetic_run(run_id, groups=n, group_size=4, seed=seed, calls=(1, 3), prompt_tokens=prompt_tokens,
+                                   response_tokens=12, vocab=1000), run_id, Policy())  # the tiny model has 1,043
+    assert len(groups) == n
+    return groups
+
+
+async def control_events(bus: BusSettings, run_id: str) -> list[Event]:
+    found: list[Event] = []
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CONTROL], dlq) as consumer:
+        ends = await consumer.end_offsets()
+        async for batch in consumer.batches(timeout_ms=200):
+            found += [r.event for r in batch if getattr(r.event, "run_id", None) == run_id]
+            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                return found
+    return found
+
+
+@pytest.fixture(scope="module")
+def own_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
+    """An engine of its own: this module changes its weights."""
+    port = free_port()
+    url, process = spawn(["tether.cli", "engine", "serve", "--model", str(tiny_model), "--port", str(port)],
+                         tmp_path_factory.mktemp("engine") / "engine.log", "the engine", port)
+    try:
+        yield RunningEngine(url, str(tiny_model), process)
+    finally:
+        stop(process)
+
+
+async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
+        bus: BusSettings, own_engine: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    with gateway(bus, own_engine, tiny_model, tmp_path / "gateway.log", run_id=run_id) as gw:
+        async with EventProducer(bus) as producer:
+            await producer.publish_many(task_groups(run_id, 2))
+        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
+                               engine_url=own_engine.url, batch_groups=2, max_updates=1, zero_variance="keep")
+        state = await Trainer(config, bus).run()
+        assert state.version == 1 and len(state.trained) == 2
+
+        events = await control_events(bus, run_id)
+        kinds = [(type(e).__name__, getattr(e, "version", None)) for e in events
+                 if isinstance(e, UpdateRequested | GatewayDrained | TrainerStep | WeightVersionPublished)]
+        assert kinds == [("UpdateRequested", 1), ("GatewayDrained", 1), ("TrainerStep", 1),
+                         ("WeightVersionPublished", 1)]
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert (await client.get(f"{own_engine.url}/v1/weights")).json()["version"] == 1
+            deadline = time.monotonic() + 30
+            while True:  # the gateway resumes once it reads WeightVersionPublished
+                admin = (await client.get(f"{gw.url}/admin/state", headers=gw.admin())).json()
+                if (admin["weight_version"] == 1 and not admin["paused"]) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            assert admin["weight_version"] == 1 and not admin["paused"], admin
+            token = await asyncio.to_thread(gw.register, f"{run_id}-after")
+            reply = await client.post(f"{gw.url}/v1/chat/completions", headers={"authorization": f"Bearer {token}"},
+                                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                            "max_tokens": 4})
+            assert reply.status_code == 200, reply.text
+        async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
+            async with asyncio.timeout(60):
+                async for received in consumer:
+                    if isinstance(received.event, ModelCall) and received.event.rollout_id == f"{run_id}-after":
+                        assert received.event.weight_version == 1  # served by the new weights
+                        break
+
+
+def test_killed_mid_run_the_trainer_resumes_without_repeating_or_skipping(
+        bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    groups = task_groups(run_id, 12, seed=3, prompt_tokens=600)  # updates of a second or so: room to kill mid-run
+
+    async def publish() -> None:
+        async with EventProducer(bus) as producer:
+            await producer.publish_many(groups)
+            await producer.publish_many(groups[:3])  # the processors' at-least-once repeats
+
+    asyncio.run(publish())
+    config = {"run_id": run_id, "model": str(tiny_model), "checkpoint_dir": str(tmp_path / "ckpt"),
+              "batch_groups": 2, "max_updates": 6, "zero_variance": "keep", "max_staleness": 100}
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "tether.cli", "trainer", "run", str(tmp_path / "trainer.yaml")]
+    env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers}
+    log = (tmp_path / "trainer.log").open("ab")
+    first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    run_dir = tmp_path / "ckpt" / run_id
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # until one update is committed
+        latest = checkpoint.latest(run_dir)
+        if latest is not None and checkpoint.load_state(latest).version >= 1:
+            break
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 1.0))  # then anywhere: mid-update, mid-checkpoint, between updates
+    first.send_signal(signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL  # killed, not finished
+    killed_at = checkpoint.load_state(checkpoint.latest(run_dir)).version  # type: ignore[arg-type]
+    assert killed_at < 6
+    second = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+    assert second.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+
+    latest = checkpoint.latest(run_dir)
+    assert latest is not None
+    state = checkpoint.load_state(latest)
+    assert state.version == 6 and len(state.history) == 6
+    assert sorted(state.trained) == sorted(g.group_id for g in groups)  # none skipped, each once (a dict)
+    assert Counter(state.trained.values()) == {v: 2 for v in range(1, 7)}  # two per update
+    events = asyncio.run(control_events(bus, run_id))
+    published = [e.version for e in events if isinstance(e, WeightVersionPublished)]
+    assert sorted(set(published)) == list(range(1, 7)) and len(published) == 6, published
+    requested = {e.version for e in events if isinstance(e, UpdateRequested)}
+    settled = {e.version for e in events if isinstance(e, WeightVersionPublished | UpdateAborted)}
+    assert requested <= settled  # no update left pending
+    assert json.loads((latest / "state.json").read_text())["offsets"]

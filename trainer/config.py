@@ -1,0 +1,59 @@
+"""The trainer's configuration: one YAML file (or defaults), validated with errors naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainer.errors import ConfigError
+
+
+class TrainerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1)
+    model: Path = Field(description="The starting model (a Hugging Face folder); also the KL reference.")
+    checkpoint_dir: Path = Field(Path(".tether/checkpoints"), description="CHECKPOINT_DIR/RUN_ID/vNNNNNN.")
+    engine_url: str | None = Field(None, description="Engine to load each new version into (collocated mode).")
+    batch_groups: int = Field(8, ge=1, description="B: task groups per update.")
+    max_updates: int | None = Field(None, ge=1, description="Stop after this many updates (default: run on).")
+    max_staleness: int = Field(2, ge=0, description="Drop task groups sampled more versions ago than this.")
+    zero_variance: Literal["drop", "keep"] = "drop"
+    normalise_by_std: bool = True
+    loss_mode: Literal["per-task", "token-mean", "seq-mean-token-mean"] = "per-task"
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clip_low: float = Field(0.2, gt=0)
+    clip_high: float = Field(0.28, gt=0)
+    is_cap: float = Field(2.0, ge=1, description="Truncation of the importance weights of stale tokens.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty towards the starting model (0: no reference).")
+    temperature: float = Field(1.0, gt=0, description="The harness's sampling temperature.")
+    row_tokens: int = Field(4096, ge=64, description="Packed row length.")
+    drain_timeout_s: float = Field(120.0, gt=0, description="How long to wait for every gateway to drain.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+
+    @property
+    def run_dir(self) -> Path:
+        return self.checkpoint_dir / self.run_id
+
+
+def load_config(path: Path) -> TrainerConfig:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    for key in ("model", "checkpoint_dir"):
+        if isinstance(raw.get(key), str):
+            raw[key] = str(path.parent / raw[key])
+    try:
+        return TrainerConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"{path}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc

@@ -1,0 +1,25 @@
+"""Errors of the trainer.
+
+    TrainerError
+    ├── ConfigError      the trainer's configuration is invalid (names the field)
+    ├── DrainTimeout     a gateway did not report GatewayDrained in time (the update is aborted)
+    └── EngineError      the engine refused or did not load a new weight version
+"""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    pass
+
+
+class ConfigError(TrainerError):
+    pass
+
+
+class DrainTimeout(TrainerError):
+    pass
+
+
+class EngineError(TrainerError):
+    pass
