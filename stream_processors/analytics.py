@@ -22,13 +22,15 @@ def run_queries(client: Client, run_id: str) -> dict[str, Result]:
 
 def print_results(results: dict[str, Result], run_id: str, console: Console) -> None:
     for name, (columns, rows) in results.items():
-        table = Table(title=f"{name.replace('_', ' ')} — run {run_id}")
+        title = f"{name.replace('_', ' ')} — run {run_id}"
+        if not columns:
+            console.print(f"{title}: no rows")
+            continue
+        table = Table(title=title)
         for column in columns:
             table.add_column(column, justify="right")
         for row in rows:
             table.add_row(*("" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v) for v in row))
-        if not rows:
-            table.add_row(*["—"] * len(columns))
         console.print(table)
 
 
@@ -43,8 +45,7 @@ def plot(results: dict[str, Result], run_id: str, out: Path) -> Path:
 
     def column(name: str, col: str) -> list[Any]:
         columns, rows = results[name]
-        i = columns.index(col)
-        return [r[i] for r in rows]
+        return [r[columns.index(col)] for r in rows] if col in columns else []  # no rows: no column names
 
     a.plot(column("reward_per_version", "weight_version"), column("reward_per_version", "mean_reward"), "o-")
     a.set(title="mean reward per weight version", xlabel="weight version", ylabel="reward")

@@ -3,7 +3,7 @@
 Position i of a segment predicts token i+1, so the trainable targets are the
 tokens whose loss mask is set, each with its behaviour logprob, the weight
 version that sampled it, its rollout's advantage and normalisation weight.
-Segments are packed first-fit-decreasing into rows of at most `row_tokens`;
+Segments are packed first-fit-decreasing into rows (see `build_batch`);
 within a row, `segment_ids` keep attention inside each segment
 (a block-diagonal causal mask) and positions restart per segment.
 """
@@ -75,10 +75,13 @@ def _pieces(groups: list[TaskGroup], normalise_by_std: bool, mode: LossMode) -> 
     return pieces
 
 
-def build_batch(groups: list[TaskGroup], row_tokens: int = 4096, pack: bool = True, normalise_by_std: bool = True,
-                mode: LossMode = "per-task") -> DataProto:
-    """`pack=False` (and seq-mean-token-mean, where a row must be one sequence): one segment per row."""
+def build_batch(groups: list[TaskGroup], row_tokens: int | None = None, pack: bool = True,
+                normalise_by_std: bool = True, mode: LossMode = "per-task") -> DataProto:
+    """Rows hold at most max(row_tokens, the longest segment) tokens: packing never makes the attention of a
+    row costlier than the longest segment's own. `pack=False` (and seq-mean-token-mean, where a row must be
+    one sequence): one segment per row. Rows come longest first, so micro-batches of neighbours pad little."""
     pieces = sorted(_pieces(groups, normalise_by_std, mode), key=lambda p: -len(p.tokens))
+    capacity = max(row_tokens or 0, len(pieces[0].tokens) if pieces else 0)
     rows: list[list[_Piece]] = []
     room: list[int] = []
     for piece in pieces:
@@ -87,7 +90,7 @@ def build_batch(groups: list[TaskGroup], row_tokens: int = 4096, pack: bool = Tr
             "seq-mean-token-mean" else None
         if spot is None:
             rows.append([piece])
-            room.append(max(row_tokens, n) - n)
+            room.append(capacity - n)
         else:
             rows[spot].append(piece)
             room[spot] -= n

@@ -32,7 +32,8 @@ class TrainerConfig(BaseModel):
     is_cap: float = Field(2.0, ge=1, description="Truncation of the importance weights of stale tokens.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty towards the starting model (0: no reference).")
     temperature: float = Field(1.0, gt=0, description="The harness's sampling temperature.")
-    row_tokens: int = Field(4096, ge=64, description="Packed row length.")
+    row_tokens: int | None = Field(None, ge=64, description="Packed row length (default: the longest segment).")
+    rows_per_micro_batch: int = Field(1, ge=1)
     drain_timeout_s: float = Field(120.0, gt=0, description="How long to wait for every gateway to drain.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0

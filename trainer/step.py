@@ -20,6 +20,7 @@ class StepConfig:
     temperature: float = 1.0  # the sampling temperature: logprobs must be of the distribution that sampled
     max_grad_norm: float = 1.0
     rows_per_micro_batch: int = 1
+    trim: bool = True  # cut each micro-batch to its own longest row (False: the padded baseline of the bench)
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -29,6 +30,15 @@ def token_log_probs(model: PreTrainedModel, rows: DataProto, temperature: float)
     logits = model(input_ids=t["input_ids"], position_ids=t["position_ids"],
                    attention_mask=attention_mask(t["segment_ids"])).logits.float() / temperature
     return logprobs_from_logits(logits, t["targets"]), entropy_from_logits(logits)
+
+
+def trimmed(rows: DataProto) -> DataProto:
+    """The rows without the padding columns they all share at the end."""
+    used = (rows.batch["segment_ids"] >= 0).any(0).nonzero()
+    length = int(used[-1]) + 1 if used.numel() else 1
+    out: DataProto = DataProto.from_dict(tensors={k: v[:, :length] for k, v in rows.batch.items()},
+                                         meta_info=rows.meta_info)
+    return out
 
 
 def update(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: DataProto, config: StepConfig,
@@ -45,6 +55,8 @@ def update(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: Data
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "is_weight_mean": 0.0}
     for rows in batch.split(config.rows_per_micro_batch):
+        if config.trim:
+            rows = trimmed(rows)
         r = rows.batch
         share = float(r["loss_mask"].sum()) / max(n_tokens, 1)
         if share == 0:
