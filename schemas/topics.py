@@ -26,10 +26,11 @@ class Topic:
     doc: str
     max_bytes: int
     retention_ms: int = -1  # forever: replay rebuilds everything from these logs
+    compacted: bool = False  # a table's changelog: the latest value per key is what counts
 
     @property
     def config(self) -> dict[str, str]:
-        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms),
+        return {"cleanup.policy": "compact" if self.compacted else "delete", "retention.ms": str(self.retention_ms),
                 "max.message.bytes": str(self.max_bytes)}
 
 

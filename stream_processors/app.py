@@ -36,6 +36,20 @@ from stream_processors.sink import Sink, connect
 log = logging.getLogger("tether.processors")
 
 
+def internal_topics(settings: ProcessorSettings) -> list[topics.Topic]:
+    """The app's own topics, created before the worker starts: a consumer that subscribes to a topic that does
+    not exist yet is not assigned its partitions until a metadata refresh, minutes later."""
+    app_id = settings.app_id
+    return [
+        topics.Topic(f"{app_id}-complete", "group_id", topics.SAMPLES.partitions, (), "complete rollouts by group",
+                     max_bytes=topics.SAMPLES.max_bytes),
+        topics.Topic(f"{app_id}-rollouts-changelog", "rollout_id", topics.CALLS.partitions, (),
+                     "the join table's changelog", max_bytes=topics.SAMPLES.max_bytes, compacted=True),
+        topics.Topic(f"{app_id}-groups-changelog", "group_id", topics.SAMPLES.partitions, (),
+                     "the group table's changelog", max_bytes=topics.SAMPLES.max_bytes, compacted=True),
+    ]
+
+
 def create_app(settings: ProcessorSettings) -> faust.App:
     bus = settings.bus
     app = faust.App(

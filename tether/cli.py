@@ -335,11 +335,14 @@ def processors_run(
     """Join, group and sink until interrupted (settings: TETHER_PROCESSOR_*, Kafka: TETHER_BUS_*)."""
     from faust.worker import Worker
 
-    from stream_processors.app import create_app
+    from schemas.admin import ensure_topics
+    from stream_processors.app import create_app, internal_topics
     from stream_processors.settings import ProcessorSettings
 
     settings = load_settings(ProcessorSettings, run_id=run_id)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with failing_cleanly():
+        asyncio.run(ensure_topics(settings.bus, internal_topics(settings)))
     Worker(create_app(settings), loglevel="warning", quiet=True).execute_from_commandline()
 
 
