@@ -42,6 +42,7 @@ bench: setup
 	$(BIN)/python bench/gateway_overhead.py
 	$(BIN)/python bench/controller_launch.py
 	$(BIN)/python bench/pipeline_throughput.py
+	$(BIN)/python bench/trainer_step.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
