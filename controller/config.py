@@ -54,6 +54,8 @@ class RunConfig(Strict):
     grace_s: float = Field(5.0, ge=0)
     max_groups_in_flight: int = Field(8, ge=1, description="Task groups started and not yet finished.")
     max_attempts: int = Field(3, ge=1, description="Attempts per rollout when the harness cannot start.")
+    sync_batch: int | None = Field(None, ge=1, description="Synchronous mode: launch this many task groups, "
+                                   "wait for all of them and for the trainer's next version, repeat.")
     reward: Reward = Field(default_factory=Reward)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     log_dir: Path = Field(Path(".tether/runs"), description="Per-rollout logs go to LOG_DIR/RUN_ID/.")

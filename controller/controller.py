@@ -62,12 +62,13 @@ class Controller:
             await self._recover()
             while not self._stopping:
                 while len(self._tasks) < self.config.concurrency and not self._stopping:
-                    launch = self.view.next_launch(self.tasks, self.config.max_groups_in_flight)
+                    launch = self.view.next_launch(self.tasks, self.config.max_groups_in_flight,
+                                                   self.config.sync_batch)
                     if launch is None:
                         break
                     await self._launch(launch)
-                if not self._tasks and self.view.next_launch(self.tasks, self.config.max_groups_in_flight) is None:
-                    break  # nothing running and nothing to start: the run is done (or out of attempts)
+                if not self._tasks and self.view.done(self.tasks):
+                    break  # every group has its K rollouts (or ran out of attempts)
                 self._wake.clear()
                 await self._wake.wait()
             if self._tasks:
@@ -91,8 +92,9 @@ class Controller:
         self._wake.set()
 
     async def _follow(self) -> None:
-        """Read the run's history, then keep reading: rewards posted by harnesses arrive here."""
-        async with EventConsumer(self.settings.bus, [topics.ROLLOUTS], self.producer,
+        """Read the run's history, then keep reading: rewards posted by harnesses, and the trainer's weight
+        versions (for synchronous mode and the record), arrive here."""
+        async with EventConsumer(self.settings.bus, [topics.ROLLOUTS, topics.CONTROL], self.producer,
                                  name=f"controller-{self.config.run_id}") as consumer:
             ends = await consumer.end_offsets()
             if all(end == 0 for end in ends.values()):
@@ -162,7 +164,8 @@ class Controller:
         started = RolloutStarted(
             rollout_id=launch.rollout_id, run_id=self.config.run_id, group_id=launch.group_id,
             task_id=launch.task_id, task_json=json.dumps(launch.task), group_size=self.config.group_size,
-            runner=self.config.runner, attempt=launch.attempt, retry_of=launch.retry_of)
+            runner=self.config.runner, attempt=launch.attempt, retry_of=launch.retry_of,
+            weight_version=self.view.version)
         await self.producer.publish(started)
         self._apply(started)
         return started

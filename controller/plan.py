@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted
+from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted, WeightVersionPublished
 
 _ID_TAIL = re.compile(r"\.r(\d+)\.a\d+$")
 DONE = frozenset({"succeeded", "failed", "timeout"})  # the slot has its rollout
@@ -71,11 +71,14 @@ class RunView:
     rollouts: dict[str, RolloutState] = field(default_factory=dict)
     #: group id → slot → rollout ids in attempt order
     slots: dict[str, dict[int, list[str]]] = field(default_factory=dict)
+    version: int = 0  # the latest weight version the trainer published for the run
 
     def apply(self, event: Event) -> None:
         if getattr(event, "run_id", None) != self.run_id:
             return
-        if isinstance(event, RolloutStarted):
+        if isinstance(event, WeightVersionPublished):
+            self.version = max(self.version, event.version)
+        elif isinstance(event, RolloutStarted):
             if event.rollout_id in self.rollouts:
                 return  # a duplicate delivery
             slot = self._slot_of(event)
@@ -127,16 +130,29 @@ class RunView:
                 out.append(last)
         return out
 
-    def next_launch(self, tasks: list[dict[str, Any]], max_groups_in_flight: int) -> Launch | None:
+    def _window_open(self, tasks: list[dict[str, Any]], index: int, sync_batch: int) -> bool:
+        """Synchronous mode: the group at `index` (dataset order) is in window index // B, which opens once the
+        earlier windows are done and the trainer has published one version per earlier window."""
+        window = index // sync_batch
+        started = [s.started.weight_version for s in self.rollouts.values()]
+        base = min(started) if started else self.version
+        earlier = tasks[:window * sync_batch]
+        return self.version >= base + window and all(
+            self.group_done(group_id(self.run_id, str(t["id"]))) for t in earlier)
+
+    def next_launch(self, tasks: list[dict[str, Any]], max_groups_in_flight: int,
+                    sync_batch: int | None = None) -> Launch | None:
         """The next rollout to start, tasks in dataset order; None when nothing may start now."""
         in_flight = self.groups_in_flight()
-        for task in tasks:
+        for index, task in enumerate(tasks):
             tid = str(task["id"])
             gid = group_id(self.run_id, tid)
             slots = self.slots.get(gid)
             if slots is None:
                 if in_flight >= max_groups_in_flight:
                     return None  # groups are handed out in order: wait for one to finish
+                if sync_batch is not None and not self._window_open(tasks, index, sync_batch):
+                    return None  # synchronous: wait for the batch to finish and the trainer to update
                 return Launch(rollout_id(self.run_id, tid, 0, 0), gid, task, 0, 0, None)
             for slot, ids in sorted(slots.items()):
                 last = self.rollouts[ids[-1]]

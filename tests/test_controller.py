@@ -242,3 +242,22 @@ async def test_a_run_on_kubernetes(bus: BusSettings, scripted_gateway: RunningGa
                                 ("slow", "timeout", None): 2})
     assert all(s.started.runner == "kubernetes" for s in view.rollouts.values())
     assert sorted(ledger(tmp_path).values()) == [1] * 6
+
+
+async def test_synchronous_mode_waits_for_the_trainer_between_batches(
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
+    from schemas.events import WeightVersionPublished
+
+    config = load_config(write_run(tmp_path, run_id, [{"id": f"t{i}", "reward": 1.0} for i in range(4)],
+                                   group_size=1, sync_batch=2))
+    running = asyncio.create_task(run(config, settings(bus, scripted_gateway)))
+    deadline = time.monotonic() + 60
+    while sum(ledger(tmp_path).values()) < 2 and time.monotonic() < deadline:  # noqa: ASYNC110  # a file
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(3.0)  # the first batch is done; without a new version nothing more may start
+    assert sum(ledger(tmp_path).values()) == 2 and not running.done()
+    async with EventProducer(bus) as producer:
+        await producer.publish(WeightVersionPublished(run_id=run_id, version=1))
+    view = await asyncio.wait_for(running, 60)
+    started = sorted((s.started.task_id, s.started.weight_version) for s in view.rollouts.values())
+    assert started == [("t0", 0), ("t1", 0), ("t2", 1), ("t3", 1)]
