@@ -61,6 +61,43 @@ console = Console(stderr=True)
 S = TypeVar("S", bound=BaseSettings)
 
 
+@app.command("up", rich_help_panel="Stack")
+def stack_up() -> None:
+    """Start the local stack (Kafka, engine, gateway, processors, trainer); what runs already is left as is."""
+    from tether.stack import Stack, StackSettings
+
+    stack = Stack(load_settings(StackSettings))
+    with failing_cleanly():
+        stack.up(say=lambda line: typer.echo(line, err=True))
+    s = stack.settings
+    typer.echo(f"stack up for run {s.run_id}: gateway {s.gateway_url}, engine {s.engine_url}, logs {stack.logs}",
+               err=True)
+
+
+@app.command("down", rich_help_panel="Stack")
+def stack_down(keep_kafka: Annotated[bool, typer.Option(help="Leave the broker running.")] = False) -> None:
+    """Stop every part of the local stack, Kafka last; nothing is left running."""
+    from tether.stack import Stack, StackSettings
+
+    with failing_cleanly():
+        Stack(load_settings(StackSettings)).down(say=lambda line: typer.echo(line, err=True), keep_kafka=keep_kafka)
+
+
+@app.command("status", rich_help_panel="Stack")
+def stack_status() -> None:
+    """Which parts of the local stack run."""
+    from tether.stack import Stack, StackSettings
+
+    stack = Stack(load_settings(StackSettings))
+    table = Table(title=f"stack of run {stack.settings.run_id}")
+    table.add_column("part")
+    table.add_column("pid")
+    table.add_row("kafka", str(stack.broker.pid() or "-"))
+    for name, pid in stack.status().items():
+        table.add_row(name, str(pid or "-"))
+    Console().print(table)
+
+
 @app.callback()
 def main() -> None:
     # Clients log every refused connection; the user gets our one-line error instead.

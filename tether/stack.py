@@ -1,0 +1,213 @@
+"""The whole local stack as processes: Kafka, engine, gateway, stream processors (with the analytics sink), trainer.
+
+Each service runs from the `tether` command itself, with a PID file (pid and
+kernel start time, so a recycled pid is not mistaken for it) under the stack
+folder and its log under the run's folder. `up` starts what is not running
+and waits for each part to be healthy before the next, naming the part that
+failed; `down` stops them in reverse order and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.errors import InfraError
+from infra.kafka.launcher import KafkaBroker
+from infra.kafka.settings import BrokerSettings
+
+
+class StackError(InfraError):
+    """A part of the stack failed to start or to stop."""
+
+
+class StackSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TETHER_STACK_", frozen=True)
+
+    run_id: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    home: Path = Field(Path(".tether"), description="Stack state (PID files) and runs (logs, checkpoints).")
+    model: Path = Field(Path(".tether/models/tiny"), description="The model the engine serves and trains.")
+    engine_port: int = Field(8100, ge=1, le=65535)
+    gateway_port: int = Field(8000, ge=1, le=65535)
+    secret: str = Field("tether-dev-secret", min_length=8)
+    admin_key: str = Field("tether-dev-admin", min_length=8)
+    trainer: dict[str, object] = Field(default_factory=dict, description="Overrides of the trainer's YAML.")
+    with_trainer: bool = True
+    start_timeout_s: float = Field(300.0, gt=0)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "runs" / self.run_id
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.engine_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health: Callable[[], bool]
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _http_ok(url: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    return probe
+
+
+class Stack:
+    def __init__(self, settings: StackSettings, broker: KafkaBroker | None = None) -> None:
+        self.settings = settings
+        self.broker = broker or KafkaBroker(BrokerSettings())
+        self.pids = settings.home / "stack"
+        self.logs = settings.run_dir / "logs"
+
+    def services(self) -> list[Service]:
+        s, bootstrap = self.settings, self.broker.bootstrap
+        bus = {"TETHER_BUS_BOOTSTRAP_SERVERS": bootstrap}
+        tether = [sys.executable, "-m", "tether.cli"]
+        trainer_yaml = s.run_dir / "trainer.yaml"
+        parts = [
+            Service("engine", [*tether, "engine", "serve", "--model", str(s.model), "--port", str(s.engine_port)],
+                    {}, _http_ok(f"{s.engine_url}/health")),
+            Service("gateway", [*tether, "gateway", "serve", "--engine", s.engine_url, "--tokenizer", str(s.model),
+                                "--port", str(s.gateway_port), "--run-id", s.run_id],
+                    {**bus, "TETHER_GATEWAY_SECRET": s.secret, "TETHER_GATEWAY_ADMIN_KEY": s.admin_key},
+                    _http_ok(f"{s.gateway_url}/health")),
+            Service("processors", [*tether, "processors", "run", "--run", s.run_id],
+                    {**bus, "TETHER_PROCESSOR_APP_ID": f"tether-processor-{s.run_id}",
+                     "TETHER_PROCESSOR_DATA_DIR": str(s.run_dir / "processor"),
+                     "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{s.run_dir / 'clickhouse'}"},
+                    lambda: True),
+        ]
+        if s.with_trainer:
+            parts.append(Service("trainer", [*tether, "trainer", "run", str(trainer_yaml)], bus, lambda: True))
+        return parts
+
+    def _pid_file(self, name: str) -> Path:
+        return self.pids / f"{name}.pid"
+
+    def pid(self, name: str) -> int | None:
+        """The service's pid if it runs (and is the process we started)."""
+        try:
+            pid, started = self._pid_file(name).read_text().split()
+        except (OSError, ValueError):
+            return None
+        return int(pid) if _start_time(int(pid)) == started else None
+
+    def _write_trainer_config(self) -> None:
+        s = self.settings
+        config = {"run_id": s.run_id, "model": str(s.model.resolve()), "engine_url": s.engine_url,
+                  "checkpoint_dir": str((s.run_dir / "checkpoints").resolve()), **s.trainer}
+        (s.run_dir / "trainer.yaml").write_text(yaml.safe_dump(config))
+
+    def up(self, say: Callable[[str], None] = lambda _: None) -> None:
+        """Start what is not running, in order, each healthy before the next. Idempotent."""
+        self.pids.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        say(f"Kafka: pid {self.broker.start()} on {self.broker.bootstrap}")  # starts it unless it runs
+        import asyncio
+
+        from schemas.admin import ensure_topics
+        from schemas.settings import BusSettings
+
+        asyncio.run(ensure_topics(BusSettings(bootstrap_servers=self.broker.bootstrap)))
+        if not (self.settings.model / "tokenizer.json").exists():
+            raise StackError(f"no model at {self.settings.model}: build one with `tether model init-tiny --out "
+                             f"{self.settings.model}`")
+        if self.settings.with_trainer:
+            self._write_trainer_config()
+        for service in self.services():
+            if self.pid(service.name) is not None:
+                say(f"{service.name}: running (pid {self.pid(service.name)})")
+                continue
+            self._start(service)
+            say(f"{service.name}: started (pid {self.pid(service.name)}, log {self.logs / service.name}.log)")
+
+    def _start(self, service: Service) -> None:
+        log = self.logs / f"{service.name}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(service.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env={**os.environ, **service.env}, start_new_session=True)
+        self._pid_file(service.name).write_text(f"{process.pid} {_start_time(process.pid)}\n")
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        settle = time.monotonic() + 3.0  # a service without a health endpoint must at least stay up this long
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise StackError(f"the {service.name} exited with {process.returncode} while starting; "
+                                 f"last lines of {log}: {_tail(log)}")
+            if service.health() and time.monotonic() >= settle:
+                return
+            time.sleep(0.25)
+        raise StackError(f"the {service.name} did not become healthy within {self.settings.start_timeout_s:.0f} s; "
+                         f"see {log}: {_tail(log)}")
+
+    def down(self, say: Callable[[str], None] = lambda _: None, keep_kafka: bool = False) -> None:
+        """Stop every part, last started first; Kafka last (unless kept)."""
+        for service in reversed(self.services()):
+            pid = self.pid(service.name)
+            if pid is not None:
+                _stop(pid)
+                say(f"{service.name}: stopped")
+            self._pid_file(service.name).unlink(missing_ok=True)
+        if not keep_kafka and self.broker.stop():
+            say("Kafka: stopped")
+
+    def status(self) -> dict[str, int | None]:
+        found: dict[str, int | None] = {s.name: self.pid(s.name) for s in self.services()}
+        return found
+
+
+def _stop(pid: int, grace_s: float = 30.0) -> None:
+    """TERM to the process group, KILL after the grace period."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if this process started it
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
