@@ -29,12 +29,13 @@ TOOLS = [
         "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
 ]
 FACTS = {"x": "x means 42", "y": "y means 7"}
+SYSTEM = "Answer the question. Use lookup if you need to, then submit."
 
 
 def run(task: dict[str, str], max_turns: int, max_tokens: int) -> float:
     client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
     messages: list[dict[str, object]] = [
-        {"role": "system", "content": "Answer the question. Use lookup if you need to, then submit."},
+        {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task["question"]},
     ]
     for _ in range(max_turns):

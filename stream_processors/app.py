@@ -27,6 +27,7 @@ from schemas.errors import DecodeError
 from schemas.events import DeadLetter, Event
 from schemas.serde import decode, encode
 from schemas.topics import key_for
+from stream_processors.errors import AnalyticsError
 from stream_processors.grouping import GroupState, Policy, build
 from stream_processors.join import CompleteRollout, RolloutJoin
 from stream_processors.pipeline import group_step, rollout_step
@@ -77,7 +78,7 @@ def create_app(settings: ProcessorSettings) -> faust.App:
     deadletters = app.topic(topics.DEADLETTER.name, **raw)
     rollouts = app.Table("rollouts", key_type=bytes, value_type=bytes, partitions=topics.CALLS.partitions)
     groups = app.Table("groups", key_type=bytes, value_type=bytes, partitions=topics.SAMPLES.partitions)
-    stats = {"dead_lettered": 0, "groups": 0}
+    stats = {"dead_lettered": 0, "groups": 0, "sink_failures": 0}
 
     async def accept(event: faust.EventT[bytes], agent: str, report: bool = True) -> Event | None:
         """The decoded event, or None after sending the record to the dead letters with the reason
@@ -152,15 +153,27 @@ def create_app(settings: ProcessorSettings) -> faust.App:
 
         @app.agent(analytics)
         async def sink(stream: faust.StreamT[bytes]) -> None:
-            writer = Sink(await asyncio.to_thread(connect, dsn))
+            """Analytics must never stop the training data: a ClickHouse failure is logged and the sink goes on
+            (the tables can be rebuilt from the topics)."""
+            writer: Sink | None = None
             batches = stream.take_events(settings.sink_batch, within=settings.sink_flush_s)  # type: ignore[attr-defined]
             async for batch in batches:
+                try:
+                    writer = writer or Sink(await asyncio.to_thread(connect, dsn))
+                except AnalyticsError as exc:
+                    log.error("analytics sink: %s", exc)
+                    continue
                 for event in batch:
                     decoded = await accept(event, "sink", report=event.message.topic not in joined_topics)
                     if decoded is not None and (not settings.run_id
                                                 or getattr(decoded, "run_id", None) == settings.run_id):
                         writer.add(decoded)
-                await asyncio.to_thread(writer.flush)
+                try:
+                    await asyncio.to_thread(writer.flush)
+                except AnalyticsError as exc:
+                    stats["sink_failures"] += 1
+                    log.error("analytics sink: %s; %d rows not written", exc, sum(map(len, writer.pending.values())))
+                    writer.pending.clear()
 
     app.tether_stats = stats  # type: ignore[attr-defined]  # for logs and tests
     return app

@@ -21,7 +21,8 @@ class ProcessorSettings(BaseSettings):
     group_timeout_s: float = Field(1800.0, gt=0, description="Then a group that never completed goes out partial.")
     check_interval_s: float = Field(5.0, gt=0)
     clickhouse_dsn: str | None = Field(
-        "chdb://.tether/clickhouse", description="Analytics sink: chdb://PATH (in process) or a ClickHouse URL; "
+        "chdb://.tether/clickhouse", description="Analytics sink: chdb://PATH (in process; relative paths are "
+        "taken from the working folder) or a ClickHouse URL; "
         "empty to turn the sink off.")
     sink_batch: int = Field(1000, ge=1, description="Rows per insert at most.")
     sink_flush_s: float = Field(1.0, gt=0, description="Insert at least this often while rows arrive.")

@@ -75,7 +75,15 @@ def row_for(event: Event) -> tuple[str, list[Any]] | None:
     return None
 
 
+def absolute(dsn: str) -> str:
+    """`chdb://relative/path` would read as host and database: make the path absolute."""
+    if dsn.startswith("chdb://") and not dsn.startswith("chdb:///"):
+        return "chdb://" + str(Path(dsn.removeprefix("chdb://")).resolve())
+    return dsn
+
+
 def connect(dsn: str) -> Client:
+    dsn = absolute(dsn)
     try:
         client = clickhouse_connect.get_client(dsn=dsn)
         for statement in SCHEMA.read_text().split(";"):

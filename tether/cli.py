@@ -98,6 +98,17 @@ def stack_status() -> None:
     Console().print(table)
 
 
+@app.command("demo", rich_help_panel="Stack")
+def demo() -> None:
+    """The demo training job (`make run`): warm-start, stack up, an agent trained with RL, summary, stack down."""
+    from tether.demo import DemoSettings
+    from tether.demo import main as run_demo
+
+    settings = load_settings(DemoSettings)
+    with failing_cleanly():
+        raise typer.Exit(run_demo(settings, Console()))
+
+
 @app.callback()
 def main() -> None:
     # Clients log every refused connection; the user gets our one-line error instead.

@@ -105,8 +105,8 @@ class Stack:
                     _http_ok(f"{s.gateway_url}/health")),
             Service("processors", [*tether, "processors", "run", "--run", s.run_id],
                     {**bus, "TETHER_PROCESSOR_APP_ID": f"tether-processor-{s.run_id}",
-                     "TETHER_PROCESSOR_DATA_DIR": str(s.run_dir / "processor"),
-                     "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{s.run_dir / 'clickhouse'}"},
+                     "TETHER_PROCESSOR_DATA_DIR": str((s.run_dir / "processor").resolve()),
+                     "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{(s.run_dir / 'clickhouse').resolve()}"},
                     lambda: True),
         ]
         if s.with_trainer:

@@ -1,0 +1,171 @@
+"""`make run`: the demo training job on the embedded defaults, from a fresh machine to plots and a summary.
+
+    tiny model → warm-start (format) → `tether up` → controller runs the openai-SDK agent on the letters task
+    (K per task, async) while the trainer updates → summary, plots, replay check → `tether down`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+ROOT = Path(__file__).parent.parent
+AGENT = ROOT / "examples" / "openai_agent.py"
+
+
+class DemoSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TETHER_DEMO_", frozen=True)
+
+    run_id: str = Field(default_factory=lambda: f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    home: Path = Path(".tether")
+    group_size: int = Field(8, ge=2)
+    batch_groups: int = Field(4, ge=1)
+    updates: int = Field(20, ge=1)
+    concurrency: int = Field(8, ge=1)
+    warm_steps: int = Field(150, ge=0)
+    lr: float = 3e-4
+    kl_coef: float = 0.01
+    seed: int = 0
+
+
+def _agent_module() -> Any:
+    spec = importlib.util.spec_from_file_location("openai_agent", AGENT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(settings: DemoSettings, console: Console) -> int:
+    from schemas.samples import unique_groups
+    from schemas.settings import BusSettings
+    from stream_processors.grouping import Policy
+    from stream_processors.pipeline import content_hash
+    from stream_processors.replay import replay
+    from tether.stack import Stack, StackSettings
+    from tether.warm_start import task, warm_start
+    from trainer import checkpoint
+    from trainer.report import plot_history
+    from trainer.tiny_model import init_tiny
+
+    started = time.perf_counter()
+    home = settings.home
+    tiny = home / "models" / "tiny"
+    if not (tiny / "tokenizer.json").exists():
+        with console.status("building the tiny model..."):
+            init_tiny(tiny)
+    agent = _agent_module()
+    warm = home / "models" / f"{settings.run_id}-warm"
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        job = bar.add_task("warm-start: the tool-call format", total=settings.warm_steps, loss="")
+        _, losses, warm_s = warm_start(
+            tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
+            on_step=lambda i, loss: bar.update(job, completed=i + 1, loss=f"loss {loss:.3f}"))
+    console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
+                  f"{losses[-1]:.3f}")
+
+    rng = random.Random(settings.seed)
+    n_tasks = settings.batch_groups * (settings.updates + 2)
+    run_dir = home / "runs" / settings.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(task(rng, i)) + "\n" for i in range(n_tasks)))
+    stack_settings = StackSettings(run_id=settings.run_id, home=home, model=warm, trainer={
+        "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
+        "kl_coef": settings.kl_coef, "max_staleness": 2, "zero_variance": "drop"})
+    stack = Stack(stack_settings)
+    bus = BusSettings(bootstrap_servers=stack.broker.bootstrap)
+    try:
+        with console.status("tether up: Kafka, engine, gateway, processors, trainer..."):
+            stack.up()
+        (run_dir / "controller.yaml").write_text(yaml.safe_dump({
+            "run_id": settings.run_id, "dataset": "tasks.jsonl", "group_size": settings.group_size,
+            "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
+            "timeout_s": 120, "log_dir": "rollouts",
+            "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", "3", "--max-tokens",
+                                    "40"]}}))
+        env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+               "TETHER_CONTROLLER_GATEWAY_URL": stack_settings.gateway_url,
+               "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack_settings.admin_key,
+               "TETHER_CONTROLLER_GATEWAY_SECRET": stack_settings.secret}
+        with (run_dir / "controller.log").open("ab") as log:
+            agents = subprocess.Popen([sys.executable, "-m", "tether.cli", "controller", "run",
+                                       str(run_dir / "controller.yaml")], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+        try:
+            history = _train(stack, settings, console, agents)
+        finally:
+            agents.send_signal(signal.SIGINT)  # the controller cancels the rollouts still running, then exits
+            try:
+                agents.wait(60)
+            except subprocess.TimeoutExpired:
+                agents.kill()
+        stored = asyncio.run(unique_groups(bus, settings.run_id))
+        events, rebuilt = asyncio.run(replay(bus, settings.run_id, Policy()))
+    finally:
+        with console.status("tether down..."):
+            stack.down()
+    latest = checkpoint.latest(run_dir / "checkpoints" / settings.run_id)
+    plot = plot_history(history, run_dir / "updates.png", f"Tether demo {settings.run_id}") if history else None
+    rewards = [h["mean_reward"] for h in history]
+    table = Table(title=f"Tether demo: run {settings.run_id}")
+    table.add_column("figure")
+    table.add_column("value")
+    table.add_row("task", "openai-SDK agent, `submit` the first of four letters (tool call)")
+    table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
+    if rewards:
+        table.add_row("mean reward", f"{rewards[0]:.3f} at the first update → {rewards[-1]:.3f} at the last "
+                                     f"(best {max(rewards):.3f}; mean of the last 3: "
+                                     f"{sum(rewards[-3:]) / len(rewards[-3:]):.3f})")
+    table.add_row("task groups trained", str(int(sum(h["task_groups"] for h in history))))
+    table.add_row("calls recorded", str(sum(1 for e in events if type(e).__name__ == "ModelCall")))
+    table.add_row("replay", "identical to tether.samples" if content_hash(rebuilt) == content_hash(stored)
+                  else "DIFFERS from tether.samples")
+    table.add_row("time", f"{time.perf_counter() - started:.0f} s (warm-start {warm_s:.0f} s)")
+    table.add_row("plots", str(plot))
+    table.add_row("checkpoint", str(latest))
+    dsn = f"chdb://{(run_dir / 'clickhouse').resolve()}"
+    table.add_row("analytics", f"tether analytics --run {settings.run_id} --dsn {dsn}")
+    table.add_row("replay", f"tether replay --run {settings.run_id}   (with `tether kafka up`)")
+    console.print(table)
+    return 0
+
+
+def _train(stack: Any, settings: DemoSettings, console: Console,
+           agents: subprocess.Popen[bytes]) -> list[dict[str, float]]:
+    """Until the trainer has done its updates (the agents run all along); shows both as they go."""
+    from trainer import checkpoint
+
+    ckpts = stack.settings.run_dir / "checkpoints" / settings.run_id
+    history: list[dict[str, float]] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        job = bar.add_task("RL updates", total=settings.updates, detail="agents running...")
+        while len(history) < settings.updates:
+            latest = checkpoint.latest(ckpts)
+            if latest is not None:
+                history = checkpoint.load_state(latest).history
+                if history:
+                    h = history[-1]
+                    bar.update(job, completed=len(history), detail=f"v{h['version']:.0f} reward "
+                                                                   f"{h['mean_reward']:.3f} loss {h['loss']:.4f}")
+            if agents.poll() is not None and stack.pid("trainer") is None:
+                break  # nothing more will come
+            time.sleep(1.0)
+    return history

@@ -1,0 +1,80 @@
+"""A short supervised warm-start: teach the tiny random model the tool-call format of the demo task.
+
+Real RL starts from a capable model; a random one never emits a valid
+`<tool_call>`, so GRPO would see only zeros. The transcripts are what the demo
+agent (examples/openai_agent.py) sends, rendered with the model's chat template, followed by a
+`submit` call with a letter drawn uniformly from the options: the warm policy
+has the format and no preference, so about a quarter of its answers are right
+and RL has something to learn from.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+LETTERS = "ABCDEFGH"
+
+
+def task(rng: random.Random, index: int) -> dict[str, str]:
+    """A demo task: four letters; the right answer is the first one listed."""
+    options = rng.sample(LETTERS, 4)
+    return {"id": f"letters-{index}", "question": f"Pick one of {', '.join(options)}. Submit the first.",
+            "answer": options[0], "options": "".join(options)}
+
+
+def transcript(tokenizer: Any, system: str, tools: list[dict[str, Any]], t: dict[str, str],
+               letter: str) -> tuple[list[int], list[int]]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": t["question"]}]
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    call = {"name": "submit", "arguments": {"answer": letter}}
+    target = tokenizer(f"<tool_call>\n{json.dumps(call)}\n</tool_call>", add_special_tokens=False)["input_ids"]
+    return prompt, [*target, tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
+
+
+def warm_start(model_dir: Path, out: Path, system: str, tools: list[dict[str, Any]], steps: int = 150,
+               batch: int = 16, lr: float = 1e-3, seed: int = 0,
+               on_step: Callable[[int, float], None] | None = None) -> tuple[Path, list[float], float]:
+    """Train on the format; returns the saved model, the loss per step and the seconds it took."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses: list[float] = []
+    started = time.perf_counter()
+    model.train()
+    for step in range(steps):
+        examples = []
+        for _ in range(batch):
+            t = task(rng, -1)
+            examples.append(transcript(tokenizer, system, tools, t, rng.choice(t["options"])))
+        length = max(len(p) + len(c) for p, c in examples)
+        ids = torch.full((batch, length), tokenizer.pad_token_id or 0)
+        labels = torch.full((batch, length), -100)
+        mask = torch.zeros(batch, length, dtype=torch.long)
+        for i, (prompt, completion) in enumerate(examples):
+            seq = prompt + completion
+            ids[i, :len(seq)] = torch.tensor(seq)
+            labels[i, len(prompt):len(seq)] = torch.tensor(completion)
+            mask[i, :len(seq)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out, losses, time.perf_counter() - started
