@@ -24,7 +24,7 @@ test: lint
 	$(BIN)/pytest
 
 run: setup
-	@bash infra/run_demo.sh
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(BIN)/tether demo
 
 kafka-up: setup
 	$(BIN)/tether kafka up
