@@ -67,3 +67,12 @@ def content_hash(groups: Iterable[TaskGroup]) -> str:
     for group in sorted(groups, key=lambda g: g.group_id):
         digest.update(canonical(group).encode() + b"\n")
     return digest.hexdigest()
+
+
+def compare(rebuilt: list[TaskGroup], stored: list[TaskGroup]) -> tuple[bool, int]:
+    """Whether the rebuild holds exactly the groups tether.samples holds, and how many rebuilt groups it has
+    beyond them (groups still incomplete when the topics were read: partial in the rebuild, not yet published)."""
+    ids = {g.group_id for g in stored}
+    same = [g for g in rebuilt if g.group_id in ids]
+    extra = sum(1 for g in rebuilt if g.group_id not in ids and g.partial)
+    return len(same) == len(stored) and content_hash(same) == content_hash(stored), extra

@@ -405,6 +405,7 @@ def replay_run(
 
     from schemas.samples import unique_groups
     from stream_processors.grouping import Policy
+    from stream_processors.pipeline import compare as compare_groups
     from stream_processors.pipeline import content_hash
     from stream_processors.replay import replay, write_jsonl
     from stream_processors.settings import ProcessorSettings
@@ -422,9 +423,12 @@ def replay_run(
         write_jsonl(groups, out)
         typer.echo(f"wrote {out}")
     if stored is not None:
-        held = content_hash(stored)
-        typer.echo(f"samples   sha256 {held} ({len(stored)} task groups on tether.samples)")
-        typer.echo("identical" if held == rebuilt else "DIFFERENT: see README (partial groups, or a live lag)")
+        same, pending = compare_groups(groups, stored)
+        typer.echo(f"samples   sha256 {content_hash(stored)} ({len(stored)} task groups on tether.samples)")
+        typer.echo(("identical" if content_hash(stored) == rebuilt else
+                    f"identical for the {len(stored)} groups published" if same else
+                    "DIFFERENT: see README (a partial group published while a rollout was still coming)")
+                   + (f"; {pending} more groups are incomplete (partial in the rebuild)" if pending else ""))
 
 
 @app.command("analytics", rich_help_panel="Bus")

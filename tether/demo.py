@@ -36,10 +36,10 @@ class DemoSettings(BaseSettings):
     home: Path = Path(".tether")
     group_size: int = Field(8, ge=2)
     batch_groups: int = Field(4, ge=1)
-    updates: int = Field(20, ge=1)
+    updates: int = Field(16, ge=1)
     concurrency: int = Field(8, ge=1)
     warm_steps: int = Field(150, ge=0)
-    lr: float = 3e-4
+    lr: float = 5e-4
     kl_coef: float = 0.01
     seed: int = 0
 
@@ -56,7 +56,7 @@ def main(settings: DemoSettings, console: Console) -> int:
     from schemas.samples import unique_groups
     from schemas.settings import BusSettings
     from stream_processors.grouping import Policy
-    from stream_processors.pipeline import content_hash
+    from stream_processors.pipeline import compare, content_hash
     from stream_processors.replay import replay
     from tether.stack import Stack, StackSettings
     from tether.warm_start import task, warm_start
@@ -135,8 +135,11 @@ def main(settings: DemoSettings, console: Console) -> int:
                                      f"{sum(rewards[-3:]) / len(rewards[-3:]):.3f})")
     table.add_row("task groups trained", str(int(sum(h["task_groups"] for h in history))))
     table.add_row("calls recorded", str(sum(1 for e in events if type(e).__name__ == "ModelCall")))
-    table.add_row("replay", "identical to tether.samples" if content_hash(rebuilt) == content_hash(stored)
-                  else "DIFFERS from tether.samples")
+    same, pending = compare(rebuilt, stored)
+    table.add_row("replay", (f"rebuilt from the topics: identical to the {len(stored)} task groups on "
+                             f"tether.samples (sha256 {content_hash(stored)[:16]}...)" if same else
+                             "rebuilt from the topics: DIFFERS from tether.samples")
+                  + (f"; {pending} groups were still incomplete at the end" if pending else ""))
     table.add_row("time", f"{time.perf_counter() - started:.0f} s (warm-start {warm_s:.0f} s)")
     table.add_row("plots", str(plot))
     table.add_row("checkpoint", str(latest))
