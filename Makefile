@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python bench/controller_launch.py
 	$(BIN)/python bench/pipeline_throughput.py
 	$(BIN)/python bench/trainer_step.py
+	$(BIN)/python bench/async_vs_sync.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
