@@ -38,7 +38,7 @@ class DemoSettings(BaseSettings):
     batch_groups: int = Field(4, ge=1)
     updates: int = Field(16, ge=1)
     concurrency: int = Field(8, ge=1)
-    warm_steps: int = Field(150, ge=0)
+    warm_steps: int = Field(200, ge=0)
     lr: float = 5e-4
     kl_coef: float = 0.01
     seed: int = 0
@@ -127,7 +127,7 @@ def main(settings: DemoSettings, console: Console) -> int:
     table = Table(title=f"Tether demo: run {settings.run_id}")
     table.add_column("figure")
     table.add_column("value")
-    table.add_row("task", "openai-SDK agent, `submit` the first of four letters (tool call)")
+    table.add_row("task", "openai-SDK agent: of four letters, `submit` A (a tool call; malformed scores 0)")
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
         table.add_row("mean reward", f"{rewards[0]:.3f} at the first update → {rewards[-1]:.3f} at the last "

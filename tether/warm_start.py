@@ -24,10 +24,14 @@ LETTERS = "ABCDEFGH"
 
 
 def task(rng: random.Random, index: int) -> dict[str, str]:
-    """A demo task: four letters; the right answer is the first one listed."""
-    options = rng.sample(LETTERS, 4)
-    return {"id": f"letters-{index}", "question": f"Pick one of {', '.join(options)}. Submit the first.",
-            "answer": options[0], "options": "".join(options)}
+    """A demo task: four letters, A among them at a random place; the right answer is A.
+
+    The warm-start teaches the format and a letter drawn from the options, so about one answer in four
+    is right at the start; RL has to learn to follow the instruction."""
+    options = ["A", *rng.sample(LETTERS[1:], 3)]
+    rng.shuffle(options)
+    return {"id": f"letters-{index}", "question": f"Pick one of {', '.join(options)}. Submit A.",
+            "answer": "A", "options": "".join(options)}
 
 
 def transcript(tokenizer: Any, system: str, tools: list[dict[str, Any]], t: dict[str, str],
