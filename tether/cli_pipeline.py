@@ -1,0 +1,190 @@
+"""`tether controller | rollouts | processors | replay | analytics | trainer`: the services of a training run."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tether.cli_support import console, fail, failing_cleanly, load_settings, progress_bar
+
+controller_app = typer.Typer(help="The rollout controller: runs K harness rollouts per task.", no_args_is_help=True)
+rollouts_app = typer.Typer(help="Rollouts of a run, as tether.rollouts records them.", no_args_is_help=True)
+processors_app = typer.Typer(help="Stream processors: calls joined to rollouts, task groups, analytics sink.",
+                             no_args_is_help=True)
+trainer_app = typer.Typer(help="The trainer: task groups in, weight versions out.", no_args_is_help=True)
+
+
+@controller_app.command("run")
+def controller_run(
+    config: Annotated[Path, typer.Argument(help="The run's YAML file (dataset, group size, harness, runner...).")],
+) -> None:
+    """Launch K rollouts per task until every task group is done; Ctrl-C cancels what runs (resumable)."""
+    from controller.config import load_config
+    from controller.controller import Controller
+    from controller.errors import ControllerError
+    from controller.main import run
+    from controller.settings import ControllerSettings
+
+    settings = load_settings(ControllerSettings)
+    try:
+        cfg = load_config(config)
+    except ControllerError as exc:
+        fail(str(exc), 2)
+    progress = progress_bar()
+    bar = progress.add_task(f"run {cfg.run_id}", total=None, detail="")
+
+    def tick(c: Controller) -> None:
+        finished = [s for s in c.view.rollouts.values() if s.finished is not None]
+        counted = [s for s in finished if s.finished and s.finished.status in ("succeeded", "failed", "timeout")]
+        rewards = [s.finished.reward for s in counted if s.finished and s.finished.reward is not None]
+        mean = f"mean reward {sum(rewards) / len(rewards):.3f}" if rewards else "no rewards yet"
+        progress.update(bar, total=len(c.tasks) * cfg.group_size, completed=len(counted),
+                        detail=f"running {len(c.view.running())} · finished {len(finished)} · {mean}")
+
+    with failing_cleanly(), progress:
+        try:
+            view = asyncio.run(run(cfg, settings, tick))
+        except ControllerError as exc:
+            fail(str(exc))
+    done = sum(1 for t in view.slots if view.group_done(t))
+    typer.echo(f"run {cfg.run_id}: {done} task groups done; logs in {cfg.run_dir}", err=True)
+
+
+@rollouts_app.command("ls")
+def rollouts_ls(run: Annotated[str, typer.Option("--run", help="The run id.")]) -> None:
+    """Every rollout of a run: task, attempt, status, reward, duration."""
+    from controller.history import read_run
+    from schemas.settings import BusSettings
+
+    settings = load_settings(BusSettings)
+    with failing_cleanly():
+        view = asyncio.run(read_run(settings, run))
+    table = Table(title=f"rollouts of run {run}")
+    for column in ("rollout", "task", "attempt", "status", "exit", "reward", "seconds", "reason"):
+        table.add_column(column)
+    for rid, state in sorted(view.rollouts.items()):
+        f = state.finished
+        table.add_row(rid, state.started.task_id, str(state.started.attempt), f.status if f else "running",
+                      "" if f is None or f.exit_code is None else str(f.exit_code),
+                      "" if f is None or f.reward is None else f"{f.reward:g}",
+                      "" if f is None else f"{f.duration_s:.1f}", (f.reason or "") if f else "")
+    Console().print(table)
+
+
+@processors_app.command("run")
+def processors_run(
+    run_id: Annotated[str | None, typer.Option("--run", help="Only this run's events.")] = None,
+) -> None:
+    """Join, group and sink until interrupted (settings: TETHER_PROCESSOR_*, Kafka: TETHER_BUS_*)."""
+    from faust.worker import Worker
+
+    from schemas.admin import ensure_topics
+    from stream_processors.app import create_app, internal_topics
+    from stream_processors.settings import ProcessorSettings
+
+    settings = load_settings(ProcessorSettings, run_id=run_id)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with failing_cleanly():
+        asyncio.run(ensure_topics(settings.bus, internal_topics(settings)))
+    Worker(create_app(settings), loglevel="warning", quiet=True).execute_from_commandline()
+
+
+def replay_run(
+    run: Annotated[str, typer.Option("--run", help="The run id.")],
+    out: Annotated[Path | None, typer.Option(help="Write the task groups here, one JSON object per line.")] = None,
+    compare: Annotated[bool, typer.Option(help="Also hash what tether.samples holds for the run.")] = True,
+) -> None:
+    """Rebuild a run's task groups from tether.calls and tether.rollouts, with a content hash."""
+    from rich.progress import Progress
+
+    from schemas.samples import unique_groups
+    from stream_processors.grouping import Policy
+    from stream_processors.pipeline import compare as compare_groups
+    from stream_processors.pipeline import content_hash
+    from stream_processors.replay import replay, write_jsonl
+    from stream_processors.settings import ProcessorSettings
+
+    settings = load_settings(ProcessorSettings)
+    with failing_cleanly(), Progress(console=console) as progress:
+        events, groups = asyncio.run(replay(settings.bus, run, Policy(settings.failed, settings.fill_reward),
+                                            progress))
+        stored = asyncio.run(unique_groups(settings.bus, run)) if compare else None
+    rebuilt = content_hash(groups)
+    partial = sum(g.partial for g in groups)
+    typer.echo(f"replayed {len(events)} events of run {run}: {len(groups)} task groups ({partial} partial)")
+    typer.echo(f"rebuilt   sha256 {rebuilt}")
+    if out is not None:
+        write_jsonl(groups, out)
+        typer.echo(f"wrote {out}")
+    if stored is not None:
+        same, pending = compare_groups(groups, stored)
+        typer.echo(f"samples   sha256 {content_hash(stored)} ({len(stored)} task groups on tether.samples)")
+        typer.echo(("identical" if content_hash(stored) == rebuilt else
+                    f"identical for the {len(stored)} groups published" if same else
+                    "DIFFERENT: see README (a partial group published while a rollout was still coming)")
+                   + (f"; {pending} more groups are incomplete (partial in the rebuild)" if pending else ""))
+
+
+def analytics(
+    run: Annotated[str, typer.Option("--run", help="The run id.")],
+    dsn: Annotated[str | None, typer.Option(help="ClickHouse DSN (default: TETHER_PROCESSOR_CLICKHOUSE_DSN).")]
+    = None,
+    out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path(".tether/analytics"),
+) -> None:
+    """Reward per weight version, tokens and calls per rollout, gateway latency, staleness, failures."""
+    from stream_processors.analytics import plot, print_results, run_queries
+    from stream_processors.errors import ProcessorError
+    from stream_processors.settings import ProcessorSettings
+    from stream_processors.sink import connect
+
+    target = dsn or load_settings(ProcessorSettings).clickhouse_dsn
+    if not target:
+        fail("no ClickHouse DSN: pass --dsn or set TETHER_PROCESSOR_CLICKHOUSE_DSN", 2)
+    try:
+        results = run_queries(connect(target), run)
+    except ProcessorError as exc:
+        fail(str(exc))
+    print_results(results, run, Console(width=max(130, shutil.get_terminal_size().columns)))
+    typer.echo(f"plot: {plot(results, run, out / f'{run}.png')}", err=True)
+
+
+@trainer_app.command("run")
+def trainer_run(
+    config: Annotated[Path, typer.Argument(help="The trainer's YAML file (run_id, model, batch_groups, lr...).")],
+) -> None:
+    """Train on the run's task groups as they arrive; pause, update and resume the gateways each B groups."""
+    from schemas.settings import BusSettings
+    from trainer.config import load_config as load_trainer_config
+    from trainer.errors import TrainerError
+    from trainer.loop import Trainer
+    from trainer.report import plot_history
+
+    bus = load_settings(BusSettings)
+    try:
+        cfg = load_trainer_config(config)
+    except TrainerError as exc:
+        fail(str(exc), 2)
+    progress = progress_bar()
+    bar = progress.add_task(f"updates of {cfg.run_id}", total=cfg.max_updates, detail="waiting for task groups")
+
+    def tick(m: dict[str, float]) -> None:
+        progress.update(bar, advance=1, detail=f"v{m['version']:.0f} reward {m['mean_reward']:.3f} "
+                                               f"loss {m['loss']:.4f} ({m['task_groups']:.0f} groups)")
+
+    trainer = Trainer(cfg, bus, on_update=tick)
+    with failing_cleanly(), progress:
+        try:
+            state = asyncio.run(trainer.run())
+        except TrainerError as exc:
+            fail(str(exc))
+    if state.history:
+        out = plot_history(state.history, cfg.run_dir / "updates.png", f"run {cfg.run_id}")
+        typer.echo(f"{len(state.history)} updates, now version {state.version}; plot: {out}", err=True)
+
+

@@ -1,0 +1,56 @@
+"""`tether up | down | status | demo`: the whole local stack, and the demo job `make run` runs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tether.cli_support import failing_cleanly, load_settings
+
+
+def stack_up() -> None:
+    """Start the local stack (Kafka, engine, gateway, processors, trainer); what runs already is left as is."""
+    from tether.stack import Stack, StackSettings
+
+    stack = Stack(load_settings(StackSettings))
+    with failing_cleanly():
+        stack.up(say=lambda line: typer.echo(line, err=True))
+    s = stack.settings
+    typer.echo(f"stack up for run {s.run_id}: gateway {s.gateway_url}, engine {s.engine_url}, logs {stack.logs}",
+               err=True)
+
+
+def stack_down(keep_kafka: Annotated[bool, typer.Option(help="Leave the broker running.")] = False) -> None:
+    """Stop every part of the local stack, Kafka last; nothing is left running."""
+    from tether.stack import Stack, StackSettings
+
+    with failing_cleanly():
+        Stack(load_settings(StackSettings)).down(say=lambda line: typer.echo(line, err=True), keep_kafka=keep_kafka)
+
+
+def stack_status() -> None:
+    """Which parts of the local stack run."""
+    from tether.stack import Stack, StackSettings
+
+    stack = Stack(load_settings(StackSettings))
+    table = Table(title=f"stack of run {stack.settings.run_id}")
+    table.add_column("part")
+    table.add_column("pid")
+    table.add_row("kafka", str(stack.broker.pid() or "-"))
+    for name, pid in stack.status().items():
+        table.add_row(name, str(pid or "-"))
+    Console().print(table)
+
+
+def demo() -> None:
+    """The demo training job (`make run`): warm-start, stack up, an agent trained with RL, summary, stack down."""
+    from tether.demo import DemoSettings
+    from tether.demo import main as run_demo
+
+    settings = load_settings(DemoSettings)
+    with failing_cleanly():
+        raise typer.Exit(run_demo(settings, Console()))
+
