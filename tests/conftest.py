@@ -91,14 +91,32 @@ class RunningEngine:
     process: subprocess.Popen[bytes]
 
 
+@contextmanager
+def serve_engine(model: Path, log: Path) -> Iterator[RunningEngine]:
+    """`tether engine serve` as its own process, on a free port, for the length of a `with` block."""
+    port = free_port()
+    url, process = spawn(["tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)],
+                         log, "the engine", port)
+    try:
+        yield RunningEngine(url, str(model), process)
+    finally:
+        stop(process)
+
+
 @pytest.fixture(scope="session")
 def engine_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
-    """`tether engine serve` as its own process, on a free port."""
+    with serve_engine(tiny_model, tmp_path_factory.mktemp("engine") / "engine.log") as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """FakeKubeAPI (tests/fakes/kube_api.py) as its own process; its URL."""
     port = free_port()
-    url, process = spawn(["tether.cli", "engine", "serve", "--model", str(tiny_model), "--port", str(port)],
-                         tmp_path_factory.mktemp("engine") / "engine.log", "the engine", port)
+    url, process = spawn(["tests.fakes.kube_api", "--port", str(port)],
+                         tmp_path_factory.mktemp("kube") / "kube.log", "FakeKubeAPI", port)
     try:
-        yield RunningEngine(url, str(tiny_model), process)
+        yield url
     finally:
         stop(process)
 

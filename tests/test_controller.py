@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,12 @@ from controller.history import read_run
 from controller.main import run
 from controller.plan import DONE
 from controller.settings import ControllerSettings
-from infra.processes import free_port, stop
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import ADMIN_KEY, SECRET, RunningGateway, spawn
+from tests.conftest import ADMIN_KEY, SECRET, RunningGateway
 
 ROOT = Path(__file__).parent.parent
 HARNESS = [sys.executable, str(Path(__file__).parent / "harnesses" / "scripted.py")]
@@ -212,16 +210,6 @@ def test_killed_mid_run_and_restarted_every_group_ends_with_k(
         assert len(counted) == 3 and all(s.finished and s.finished.status in DONE for s in counted), gid
     assert len(view.slots) == 6
 
-
-@pytest.fixture(scope="module")
-def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    url, process = spawn(["tests.fakes.kube_api", "--port", str(port)],
-                         tmp_path_factory.mktemp("kube") / "kube.log", "FakeKubeAPI", port)
-    try:
-        yield url
-    finally:
-        stop(process)
 
 
 async def test_a_run_on_kubernetes(bus: BusSettings, scripted_gateway: RunningGateway, kube_api: str,

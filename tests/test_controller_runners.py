@@ -7,7 +7,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +18,9 @@ from controller.errors import LaunchError
 from controller.runners.base import Exit, Runner, Spec
 from controller.runners.kubernetes import KubernetesRunner, build_job, job_name
 from controller.runners.local import LocalRunner
-from infra.processes import free_port, stop
-from tests.conftest import spawn
 
 IGNORE_TERM_AND_SLEEP = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 
-
-@pytest.fixture(scope="module")
-def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    url, process = spawn(["tests.fakes.kube_api", "--port", str(port)],
-                         tmp_path_factory.mktemp("kube") / "kube.log", "FakeKubeAPI", port)
-    try:
-        yield url
-    finally:
-        stop(process)
 
 
 MakeRunner = Callable[[float], Runner]

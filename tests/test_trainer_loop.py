@@ -20,7 +20,6 @@ import httpx
 import pytest
 import yaml
 
-from infra.processes import free_port, stop
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import (
@@ -37,7 +36,7 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
-from tests.conftest import RunningEngine, gateway, spawn
+from tests.conftest import RunningEngine, gateway, serve_engine
 from tests.factories import synthetic_run
 from trainer import checkpoint
 from trainer.config import TrainerConfig
@@ -65,13 +64,8 @@ async def control_events(bus: BusSettings, run_id: str) -> list[Event]:
 @pytest.fixture(scope="module")
 def own_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
     """An engine of its own: this module changes its weights."""
-    port = free_port()
-    url, process = spawn(["tether.cli", "engine", "serve", "--model", str(tiny_model), "--port", str(port)],
-                         tmp_path_factory.mktemp("engine") / "engine.log", "the engine", port)
-    try:
-        yield RunningEngine(url, str(tiny_model), process)
-    finally:
-        stop(process)
+    with serve_engine(tiny_model, tmp_path_factory.mktemp("engine") / "engine.log") as engine:
+        yield engine
 
 
 async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
