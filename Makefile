@@ -9,11 +9,13 @@ UV     := 0.13.9
 setup: $(VENV)/.installed
 
 # One resolve against the lock file (uv, no backtracking); re-runs when either file changes.
+# Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set nothing caches it later, and every
+# harness process would compile the openai SDK again (1.3 s of CPU per rollout instead of 0.6 s).
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found: Tether needs Python 3.11 (make PYTHON=/path/to/python3.11)"; exit 1; }
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV)
-	$(BIN)/uv pip install --python $(BIN)/python --constraint requirements.lock -e '.[test]'
+	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python --constraint requirements.lock -e '.[test]'
 	@touch $@
 
 lint: setup

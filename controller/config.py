@@ -21,6 +21,8 @@ class Harness(Strict):
     job_template: Path | None = Field(None, description="A batch/v1 Job manifest (YAML) for the kubernetes runner.")
     workdir: Path | None = None
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment; placeholders allowed.")
+    preload: list[str] = Field(default_factory=list, description=(
+        "Local runner, Python harnesses: modules to import once in a zygote that forks each rollout."))
 
 
 class Reward(Strict):
@@ -66,6 +68,8 @@ class RunConfig(Strict):
             raise ValueError("harness.command is needed for the local runner")
         if self.runner == "kubernetes" and not self.harness.job_template:
             raise ValueError("harness.job_template is needed for the kubernetes runner")
+        if self.runner == "kubernetes" and self.harness.preload:
+            raise ValueError("harness.preload is for the local runner (a Job starts its own interpreter)")
         return self
 
     @property

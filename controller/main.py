@@ -23,7 +23,7 @@ from schemas.producer import EventProducer
 
 def make_runner(config: RunConfig) -> tuple[Runner, dict[str, Any] | None]:
     if config.runner == "local":
-        return LocalRunner(grace_s=config.grace_s), None
+        return LocalRunner(grace_s=config.grace_s, preload=config.harness.preload), None
     from controller.runners.kubernetes import KubernetesRunner
 
     assert config.harness.job_template is not None  # the config's validator requires it

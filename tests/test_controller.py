@@ -174,6 +174,10 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     path = write_run(tmp_path, "r", [{"id": "t"}], runner="kubernetes")
     with pytest.raises(ConfigError, match="job_template"):
         load_config(path)
+    path = write_run(tmp_path, "r", [{"id": "t"}], runner="kubernetes",
+                     harness={"job_template": "job.yaml", "preload": ["openai"]})
+    with pytest.raises(ConfigError, match="preload"):
+        load_config(path)
     path = write_run(tmp_path, "r", [{"id": "t"}], colour="blue")
     with pytest.raises(ConfigError, match="colour"):
         load_config(path)

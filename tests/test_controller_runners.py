@@ -1,4 +1,5 @@
-"""One contract for every runner: local processes, and Kubernetes Jobs on FakeKubeAPI (a fake API server)."""
+"""One contract for every runner: local processes (spawned, or forked from a zygote that preloaded modules), and
+Kubernetes Jobs on FakeKubeAPI (a fake API server)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ IGNORE_TERM_AND_SLEEP = "import signal, time; signal.signal(signal.SIGTERM, sign
 MakeRunner = Callable[[float], Runner]
 
 
-@pytest.fixture(params=["local", "kubernetes"])
+@pytest.fixture(params=["local", "local-preload", "kubernetes"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -38,6 +39,8 @@ def make_runner(kind: str, request: pytest.FixtureRequest) -> MakeRunner:
     def make(timeout_s: float) -> Runner:
         if kind == "local":
             return LocalRunner(grace_s=1.0)
+        if kind == "local-preload":
+            return LocalRunner(grace_s=1.0, preload=["json", "decimal"])
         url = request.getfixturevalue("kube_api")
         return KubernetesRunner(Kubernetes(host=url, creations_per_s=50), run_id, timeout_s, grace_s=1.0)
 
@@ -142,3 +145,32 @@ def test_jobs_carry_the_rollout(tmp_path: Path) -> None:
     assert {e["name"]: e["value"] for e in pod["containers"][0]["env"]} == {"KEEP": "1", **env}
     assert template["spec"]["backoffLimit"] == 6  # the template itself is untouched
     assert job_name("a.b") != job_name("a-b")
+
+
+async def test_a_preloaded_harness_runs_as_its_own_program(tmp_path: Path) -> None:
+    """Forked from the zygote: the module is already imported, yet argv, __main__, sys.path[0], the working
+    directory and the environment are the rollout's, its own subprocesses can be waited on, and a death by
+    signal reads as the shell reports it (128 + N)."""
+    (tmp_path / "lib.py").write_text("VALUE = 7\n")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "agent.py").write_text(
+        "import os, subprocess, sys\n"
+        "import lib\n"
+        "preloaded = 'decimal' in sys.modules\n"
+        "child = subprocess.run(['sh', '-c', 'exit 4']).returncode\n"
+        "print(__name__, sys.argv, preloaded, lib.VALUE, child, os.getcwd(), os.environ['TETHER_ROLLOUT_ID'])\n"
+        "if sys.argv[1] == 'die':\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "sys.exit(child)\n")
+    make: Any = lambda _: None  # noqa: E731
+    make.run_id = "preload"
+    outcomes = []
+    for word in ("live", "die"):
+        s = spec(tmp_path, make, [sys.executable, str(tmp_path / "agent.py"), word])
+        s = Spec(**{**s.__dict__, "workdir": tmp_path / "work"})
+        outcomes.append((await run(LocalRunner(grace_s=1.0, preload=["decimal"]), s), s))
+    (live, s), (died, _) = outcomes
+    assert (live.status, live.exit_code) == ("exited", 4) and (died.status, died.exit_code) == ("exited", 137)
+    assert s.log_path.read_text().split() == [
+        "__main__", f"['{tmp_path / 'agent.py'}',", "'live']", "True", "7", "4", str(tmp_path / "work"),
+        s.rollout_id]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -140,29 +141,51 @@ def test_packing_wastes_little_and_changes_nothing(tiny_model: Path) -> None:
     assert sorted(a.tolist()) == pytest.approx(sorted(b.tolist()), abs=1e-4)
 
 
+PROMPT, GOOD, BAD = [5, 17, 99, 42], [300, 301, 302], [700, 701, 702]
+
+
+def scored(response: list[int], reward: float) -> tuple[float, list[Segment]]:
+    ids = PROMPT + response
+    return reward, [Segment(token_ids=ids, loss_mask=[False] * len(PROMPT) + [True] * len(response),
+                            logprobs=[0.0] * len(ids), weight_versions=[0] * len(ids))]
+
+
+def response_log_prob(model: Any, response: list[int]) -> float:
+    b = build_batch([group("x", [scored(response, 1.0), scored(response, 0.0)])])
+    with torch.no_grad():
+        lp = token_log_probs(model, b, 1.0)[0]
+    return float((lp * b.batch["loss_mask"]).sum()) / 2
+
+
+def good_vs_bad(model: Any) -> Any:
+    batch = build_batch([group("x", [scored(GOOD, 1.0), scored(BAD, 0.0)])])
+    with torch.no_grad():  # behaviour = the current policy, as if it had just sampled these
+        batch.batch["behaviour_log_probs"] = token_log_probs(model, batch, 1.0)[0]
+    return batch
+
+
 def test_an_update_moves_the_policy_toward_the_rewarded_rollout(tiny_model: Path) -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa")
-    prompt, good, bad = [5, 17, 99, 42], [300, 301, 302], [700, 701, 702]
-
-    def rollout(response: list[int], reward: float) -> tuple[float, list[Segment]]:
-        ids = prompt + response
-        return reward, [Segment(token_ids=ids, loss_mask=[False] * len(prompt) + [True] * len(response),
-                                logprobs=[0.0] * len(ids), weight_versions=[0] * len(ids))]
-
-    def response_log_prob(response: list[int]) -> float:
-        b = build_batch([group("x", [rollout(response, 1.0), rollout(response, 0.0)])])
-        with torch.no_grad():
-            lp = token_log_probs(model, b, 1.0)[0]
-        return float((lp * b.batch["loss_mask"]).sum()) / 2
-
-    before_good, before_bad = response_log_prob(good), response_log_prob(bad)
+    before_good, before_bad = response_log_prob(model, GOOD), response_log_prob(model, BAD)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(5):
-        batch = build_batch([group("x", [rollout(good, 1.0), rollout(bad, 0.0)])])
-        with torch.no_grad():  # behaviour = the current policy, as if it had just sampled these
-            batch.batch["behaviour_log_probs"] = token_log_probs(model, batch, 1.0)[0]
-        metrics = update(model, optimizer, batch, StepConfig(), version=0)
-        assert metrics["tokens"] == 6 and metrics["task_groups"] == 1
-    assert response_log_prob(good) > before_good + 0.5
-    assert response_log_prob(bad) < before_bad - 0.5
+        metrics = update(model, optimizer, good_vs_bad(model), StepConfig(), version=0)
+        assert metrics["tokens"] == 6 and metrics["task_groups"] == 1 and metrics["optimizer_steps"] == 1
+    assert response_log_prob(model, GOOD) > before_good + 0.5
+    assert response_log_prob(model, BAD) < before_bad - 0.5
+
+
+def test_epochs_and_mini_batches_reuse_a_batch_against_a_fixed_proximal_policy(tiny_model: Path) -> None:
+    gains = {}
+    for name, config in (("once", StepConfig()), ("reused", StepConfig(epochs=3, mini_batches=2))):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa")
+        before = response_log_prob(model, GOOD)
+        metrics = update(model, torch.optim.AdamW(model.parameters(), lr=3e-2), good_vs_bad(model), config,
+                         version=0)
+        gains[name] = response_log_prob(model, GOOD) - before
+        assert metrics["optimizer_steps"] == config.epochs * config.mini_batches
+        # one step starts at π_prox (ratio 1, nothing clipped); later steps move away from it and get clipped
+        assert (metrics["clip_fraction"] > 0) == (name == "reused")
+    assert gains["reused"] > gains["once"] > 0

@@ -41,6 +41,8 @@ class DemoSettings(BaseSettings):
     warm_steps: int = Field(200, ge=0)
     lr: float = 5e-4
     kl_coef: float = 0.01
+    epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1)
     seed: int = 0
 
 
@@ -71,15 +73,22 @@ def main(settings: DemoSettings, console: Console) -> int:
         with console.status("building the tiny model..."):
             init_tiny(tiny)
     agent = _agent_module()
-    warm = home / "models" / f"{settings.run_id}-warm"
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
-                  TimeElapsedColumn(), console=console) as bar:
-        job = bar.add_task("warm-start: the tool-call format", total=settings.warm_steps, loss="")
-        _, losses, warm_s = warm_start(
-            tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
-            on_step=lambda i, loss: bar.update(job, completed=i + 1, loss=f"loss {loss:.3f}"))
-    console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
-                  f"{losses[-1]:.3f}")
+    warm = home / "models" / f"warm-{settings.warm_steps}-seed{settings.seed}"
+    record = warm / "warm_start.json"  # written last: its presence means the folder is complete
+    if record.exists():
+        losses, warm_s = (json.loads(record.read_text())[k] for k in ("losses", "seconds"))
+        console.print(f"warm-start: reusing {warm} ({settings.warm_steps} steps, trained in {warm_s:.0f} s by an "
+                      f"earlier run; delete it to train again), loss {losses[0]:.3f} → {losses[-1]:.3f}")
+    else:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
+                      TimeElapsedColumn(), console=console) as bar:
+            job = bar.add_task("warm-start: the tool-call format", total=settings.warm_steps, loss="")
+            _, losses, warm_s = warm_start(
+                tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
+                on_step=lambda i, loss: bar.update(job, completed=i + 1, loss=f"loss {loss:.3f}"))
+        record.write_text(json.dumps({"losses": losses, "seconds": warm_s}))
+        console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
+                      f"{losses[-1]:.3f}")
 
     rng = random.Random(settings.seed)
     n_tasks = settings.batch_groups * (settings.updates + 2)
@@ -88,7 +97,8 @@ def main(settings: DemoSettings, console: Console) -> int:
     (run_dir / "tasks.jsonl").write_text("".join(json.dumps(task(rng, i)) + "\n" for i in range(n_tasks)))
     stack_settings = StackSettings(run_id=settings.run_id, home=home, model=warm, trainer={
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
-        "kl_coef": settings.kl_coef, "max_staleness": 2, "zero_variance": "drop"})
+        "kl_coef": settings.kl_coef, "epochs": settings.epochs, "mini_batches": settings.mini_batches,
+        "max_staleness": 2, "zero_variance": "drop"})
     stack = Stack(stack_settings)
     bus = BusSettings(bootstrap_servers=stack.broker.bootstrap)
     try:
@@ -99,7 +109,7 @@ def main(settings: DemoSettings, console: Console) -> int:
             "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
             "timeout_s": 120, "log_dir": "rollouts",
             "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", "3", "--max-tokens",
-                                    "40"]}}))
+                                    "40"], "preload": ["openai"]}}))
         env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
                "TETHER_CONTROLLER_GATEWAY_URL": stack_settings.gateway_url,
                "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack_settings.admin_key,

@@ -34,6 +34,8 @@ class TrainerConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, description="The harness's sampling temperature.")
     row_tokens: int | None = Field(None, ge=64, description="Packed row length (default: the longest segment).")
     rows_per_micro_batch: int = Field(1, ge=1)
+    epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs).")
+    mini_batches: int = Field(1, ge=1, description="Optimiser steps per pass, each on a share of the rows.")
     drain_timeout_s: float = Field(120.0, gt=0, description="How long to wait for every gateway to drain.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0

@@ -160,7 +160,8 @@ class Trainer:
         model, optimizer, state, reference = await asyncio.to_thread(self._load)
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         step_config = StepConfig(self.config.temperature, self.config.max_grad_norm,
-                                 rows_per_micro_batch=self.config.rows_per_micro_batch, loss=LossConfig(
+                                 rows_per_micro_batch=self.config.rows_per_micro_batch, epochs=self.config.epochs,
+                                 mini_batches=self.config.mini_batches, loss=LossConfig(
             mode=self.config.loss_mode, clip_low=self.config.clip_low, clip_high=self.config.clip_high,
             is_cap=self.config.is_cap, kl_coef=self.config.kl_coef))
         engine = httpx.AsyncClient(base_url=self.config.engine_url, timeout=600) if self.config.engine_url else None

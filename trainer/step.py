@@ -1,4 +1,10 @@
-"""One policy update on a Hugging Face causal LM: forward each packed row, loss, backward, clip, step."""
+"""One policy update on a Hugging Face causal LM: forward each packed row, loss, backward, clip, step.
+
+With `epochs` * `mini_batches` > 1 (PPO's sample reuse: rollouts are the
+expensive part) π_prox is the policy before the first step, computed once, and
+each mini-batch's loss is scaled to a whole batch's so the step size does not
+shrink with the split.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ class StepConfig:
     temperature: float = 1.0  # the sampling temperature: logprobs must be of the distribution that sampled
     max_grad_norm: float = 1.0
     rows_per_micro_batch: int = 1
+    epochs: int = 1
+    mini_batches: int = 1
     trim: bool = True  # cut each micro-batch to its own longest row (False: the padded baseline of the bench)
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -43,15 +51,55 @@ def trimmed(rows: DataProto) -> DataProto:
 
 def update(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: DataProto, config: StepConfig,
            version: int, reference: PreTrainedModel | None = None) -> dict[str, float]:
-    """One optimiser step over the whole batch; returns the step's metrics."""
+    """`epochs` passes of `mini_batches` optimiser steps over the batch; returns the metrics of the steps."""
     started = time.perf_counter()
     device = next(model.parameters()).device
     batch = batch.to(device)
     t = batch.batch
     mask = t["loss_mask"]
+    reuse = config.epochs * config.mini_batches > 1
+    if reuse:  # π_prox: the policy before any step of this update
+        model.eval()
+        with torch.no_grad():
+            t["prox_log_probs"] = torch.cat([token_log_probs(model, rows, config.temperature)[0] for rows in
+                                             batch.split(config.rows_per_micro_batch)])
+    model.train()
+    totals = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "is_weight_mean": 0.0, "grad_norm": 0.0}
+    steps = 0
+    rows_per_mini = -(-len(batch) // config.mini_batches)
+    for _ in range(config.epochs):
+        for mini in batch.split(rows_per_mini):
+            if float(mini.batch["loss_mask"].sum()) == 0:
+                continue
+            step = _step(model, optimizer, mini, config, reference, prox=reuse, scale=_scale(batch, mini, config))
+            steps += 1
+            for key, value in step.items():
+                totals[key] += value
+    stale = (version - t["versions"]).float()[mask > 0]
+    return {**{k: v / max(steps, 1) for k, v in totals.items()}, "optimizer_steps": float(steps),
+            "tokens": float(mask.sum()), "task_groups": float(batch.meta_info.get("task_groups", 0)),
+            "staleness_mean": float(stale.mean()) if stale.numel() else 0.0,
+            "staleness_max": float(stale.max()) if stale.numel() else 0.0,
+            "seconds": time.perf_counter() - started}
+
+
+def _scale(batch: DataProto, mini: DataProto, config: StepConfig) -> float:
+    """Per-task token weights sum to 1 over the batch: a mini-batch's loss is scaled back to that mass."""
+    if config.loss.mode != "per-task":
+        return 1.0  # the other modes normalise by the mini-batch's own tokens or sequences
+    return _mass(batch) / max(_mass(mini), 1e-12)
+
+
+def _mass(d: DataProto) -> float:
+    return float((d.batch["token_weights"] * d.batch["loss_mask"]).sum())
+
+
+def _step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: DataProto, config: StepConfig,
+          reference: PreTrainedModel | None, prox: bool, scale: float) -> dict[str, float]:
+    """One optimiser step: micro-batches accumulate the gradient of the (mini-)batch loss."""
+    mask = batch.batch["loss_mask"]
     n_tokens = int(mask.sum())
     n_sequences = int((mask.sum(-1) > 0).sum())
-    model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "is_weight_mean": 0.0}
     for rows in batch.split(config.rows_per_micro_batch):
@@ -67,20 +115,16 @@ def update(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: Data
             with torch.no_grad():
                 ref = token_log_probs(reference, rows, config.temperature)[0]
         loss, metrics = policy_loss(
-            log_prob=log_prob, prox_log_prob=log_prob.detach(), behaviour_log_prob=r["behaviour_log_probs"],
-            advantages=r["advantages"], mask=r["loss_mask"], token_weights=r["token_weights"], config=config.loss,
-            batch_tokens=n_tokens, batch_sequences=n_sequences, ref_log_prob=ref)
-        loss.backward()
-        totals["loss"] += float(loss.detach())
+            log_prob=log_prob, prox_log_prob=r["prox_log_probs"] if prox else log_prob.detach(),
+            behaviour_log_prob=r["behaviour_log_probs"], advantages=r["advantages"], mask=r["loss_mask"],
+            token_weights=r["token_weights"], config=config.loss, batch_tokens=n_tokens,
+            batch_sequences=n_sequences, ref_log_prob=ref)
+        (loss * scale).backward()
+        totals["loss"] += float(loss.detach()) * scale
         totals["entropy"] += float((entropy.detach() * r["loss_mask"]).sum()) / max(n_tokens, 1)
         for key in ("clip_fraction", "kl", "is_weight_mean"):
             totals[key] += metrics.get(key, 0.0) * share
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
     if math.isfinite(grad_norm):
         optimizer.step()
-    stale = (version - t["versions"]).float()[mask > 0]
-    return {**totals, "grad_norm": grad_norm, "tokens": float(n_tokens),
-            "task_groups": float(batch.meta_info.get("task_groups", 0)),
-            "staleness_mean": float(stale.mean()) if stale.numel() else 0.0,
-            "staleness_max": float(stale.max()) if stale.numel() else 0.0,
-            "seconds": time.perf_counter() - started}
+    return {**totals, "grad_norm": grad_norm}
