@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import json
 import os
@@ -73,7 +74,8 @@ def main(settings: DemoSettings, console: Console) -> int:
         with console.status("building the tiny model..."):
             init_tiny(tiny)
     agent = _agent_module()
-    warm = home / "models" / f"warm-{settings.warm_steps}-seed{settings.seed}"
+    recipe = hashlib.sha256(Path(warm_start.__code__.co_filename).read_bytes()).hexdigest()[:8]  # the task too
+    warm = home / "models" / f"warm-{settings.warm_steps}-seed{settings.seed}-{recipe}"
     record = warm / "warm_start.json"  # written last: its presence means the folder is complete
     if record.exists():
         losses, warm_s = (json.loads(record.read_text())[k] for k in ("losses", "seconds"))
@@ -137,7 +139,7 @@ def main(settings: DemoSettings, console: Console) -> int:
     table = Table(title=f"Tether demo: run {settings.run_id}")
     table.add_column("figure")
     table.add_column("value")
-    table.add_row("task", "openai-SDK agent: of four letters, `submit` A (a tool call; malformed scores 0)")
+    table.add_row("task", "openai-SDK agent: of five letters, `submit` A (a tool call; malformed scores 0)")
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
         table.add_row("mean reward", f"{rewards[0]:.3f} at the first update → {rewards[-1]:.3f} at the last "

@@ -4,7 +4,7 @@ Real RL starts from a capable model; a random one never emits a valid
 `<tool_call>`, so GRPO would see only zeros. The transcripts are what the demo
 agent (examples/openai_agent.py) sends, rendered with the model's chat template, followed by a
 `submit` call with a letter drawn uniformly from the options: the warm policy
-has the format and no preference, so about a quarter of its answers are right
+has the format and no preference, so about a fifth of its answers are right
 and RL has something to learn from.
 """
 
@@ -24,11 +24,11 @@ LETTERS = "ABCDEFGH"
 
 
 def task(rng: random.Random, index: int) -> dict[str, str]:
-    """A demo task: four letters, A among them at a random place; the right answer is A.
+    """A demo task: five letters, A among them at a random place; the right answer is A.
 
-    The warm-start teaches the format and a letter drawn from the options, so about one answer in four
+    The warm-start teaches the format and a letter drawn from the options, so about one answer in five
     is right at the start; RL has to learn to follow the instruction."""
-    options = ["A", *rng.sample(LETTERS[1:], 3)]
+    options = ["A", *rng.sample(LETTERS[1:], 4)]
     rng.shuffle(options)
     return {"id": f"letters-{index}", "question": f"Pick one of {', '.join(options)}. Submit A.",
             "answer": "A", "options": "".join(options)}
