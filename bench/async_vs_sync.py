@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--scale", type=float, default=1.0, help="Pareto scale of a harness's work, seconds")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async_vs_sync.png")
+    parser.add_argument("--keep", action="store_true", help="Keep the runs' folders (logs, checkpoints) and say where")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="tether-async-bench-"))
     broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", port=free_port(), controller_port=free_port()))
@@ -123,7 +124,10 @@ def main() -> None:
         results = [one_run(mode, scratch / "home", model, broker, args) for mode in ("sync", "async")]
     finally:
         broker.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+        if args.keep:
+            console.print(f"logs and checkpoints kept in {scratch}/home/runs")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     table = Table(title=f"Sync vs collocated async: {args.updates} updates x {args.batch_groups} task groups, "
                         f"K={args.group_size}, Pareto(1.5) harness durations x {args.scale} s")

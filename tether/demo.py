@@ -36,13 +36,13 @@ class DemoSettings(BaseSettings):
     run_id: str = Field(default_factory=lambda: f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     home: Path = Path(".tether")
     group_size: int = Field(8, ge=2)
-    batch_groups: int = Field(4, ge=1)
-    updates: int = Field(16, ge=1)
+    batch_groups: int = Field(8, ge=1)
+    updates: int = Field(24, ge=1)
     concurrency: int = Field(8, ge=1)
     warm_steps: int = Field(200, ge=0)
     lr: float = 5e-4
     kl_coef: float = 0.01
-    epochs: int = Field(1, ge=1)
+    epochs: int = Field(2, ge=1)
     mini_batches: int = Field(1, ge=1)
     seed: int = 0
 
@@ -142,9 +142,12 @@ def main(settings: DemoSettings, console: Console) -> int:
     table.add_row("task", "openai-SDK agent: of five letters, `submit` A (a tool call; malformed scores 0)")
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
+        tail = rewards[-5:]
         table.add_row("mean reward", f"{rewards[0]:.3f} at the first update → {rewards[-1]:.3f} at the last "
-                                     f"(best {max(rewards):.3f}; mean of the last 3: "
-                                     f"{sum(rewards[-3:]) / len(rewards[-3:]):.3f})")
+                                     f"(mean of the last {len(tail)}: {sum(tail) / len(tail):.3f}; "
+                                     f"≥ 0.8 at {sum(r >= 0.8 for r in rewards[-10:])} of the last "
+                                     f"{len(rewards[-10:])} updates; chance is 0.2)")
+        table.add_row("per update", " ".join(f"{r:.2f}" for r in rewards))
     table.add_row("task groups trained", str(int(sum(h["task_groups"] for h in history))))
     table.add_row("calls recorded", str(sum(1 for e in events if type(e).__name__ == "ModelCall")))
     same, pending = compare(rebuilt, stored)
