@@ -9,7 +9,11 @@ through the local runner, with everything a rollout involves: registering at
 a real gateway, RolloutStarted and RolloutFinished acknowledged by Kafka, the
 log file, the seal, the reward. The gateway answers from FakeVLLM, though no
 harness here calls it. Prints rollouts/s for both, the controller's added
-wall time and its CPU time per rollout; writes bench/results/controller_launch.png.
+wall time and its CPU time per rollout.
+
+Then a Python harness that imports the openai SDK and exits, through the
+controller twice: spawned per rollout, and forked from a zygote that
+preloaded the SDK (`harness.preload`). Writes bench/results/controller_launch.png.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--sdk-tasks", type=int, default=16, help="Tasks (x K) of the openai-SDK harness runs")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "controller_launch.png")
     args = parser.parse_args()
     n = args.tasks * args.group_size
@@ -114,6 +119,19 @@ def main() -> None:
             view = asyncio.run(run(config, settings, lambda c: bar.update(
                 task, completed=sum(1 for s in c.view.rollouts.values() if s.finished))))
             controller_s, controller_cpu = time.perf_counter() - started, cpu_s() - cpu0
+        sdk: dict[str, float] = {}
+        for mode, preload in (("spawned", []), ("preloaded", ["openai"])):
+            (scratch / "sdk.jsonl").write_text("".join(json.dumps({"id": f"t{i}"}) + "\n"
+                                                       for i in range(args.sdk_tasks)))
+            sdk_config = config.model_copy(update={
+                "run_id": f"bench-sdk-{mode}-{int(time.time())}", "dataset": scratch / "sdk.jsonl",
+                "harness": config.harness.model_copy(update={"command": [sys.executable, "-c", "import openai"],
+                                                             "preload": preload})})
+            with console.status(f"openai-SDK harness, {mode}..."):
+                started = time.perf_counter()
+                sdk_view = asyncio.run(run(sdk_config, settings))
+                sdk[mode] = time.perf_counter() - started
+            assert {s.finished.status for s in sdk_view.rollouts.values() if s.finished} == {"succeeded"}
     finally:
         for p in processes:
             stop(p)
@@ -129,6 +147,14 @@ def main() -> None:
     table.add_row("through the controller", f"{controller_s:.2f}", f"{n / controller_s:,.0f}",
                   f"{controller_s / n * 1000:.1f} ms")
     console.print(table)
+    n_sdk = args.sdk_tasks * args.group_size
+    sdk_table = Table(title=f"{n_sdk} rollouts of `python -c 'import openai'` through the controller")
+    for column in ("harness start", "seconds", "rollouts/s", "per rollout"):
+        sdk_table.add_column(column, justify="right")
+    for mode, seconds in sdk.items():
+        sdk_table.add_row(mode, f"{seconds:.2f}", f"{n_sdk / seconds:,.1f}", f"{seconds / n_sdk * 1000:.0f} ms")
+    console.print(sdk_table)
+    console.print(f"preloaded vs spawned: {sdk['spawned'] / sdk['preloaded']:.1f}x the rollouts per second")
     console.print(f"controller added {(controller_s - direct_s) / n * 1000:.1f} ms wall per rollout; "
                   f"its CPU time: {controller_cpu / n * 1000:.1f} ms per rollout (both processes' spawning "
                   f"included), ratio {controller_s / direct_s:.2f}x")
@@ -138,10 +164,13 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     ax.bar(["processes alone", "through the controller"], [n / direct_s, n / controller_s], color=["#999", "#3a7"])
     ax.set_ylabel("rollouts / s")
     ax.set_title(f"Launch rate, trivial harness, concurrency {args.concurrency}")
+    ax2.bar(list(sdk), [n_sdk / v for v in sdk.values()], color=["#999", "#3a7"])
+    ax2.set_ylabel("rollouts / s")
+    ax2.set_title("A harness importing the openai SDK")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
