@@ -36,6 +36,15 @@ from infra.kafka.settings import BrokerSettings
 LOG4J = Path(__file__).parent / "log4j2.properties"
 
 
+def new_cluster_id() -> str:
+    """A random Kafka Uuid in its base64 form, never starting with '-' (the storage tool's argument parser would
+    read it as an option; Kafka's own Uuid.randomUuid() redraws for the same reason: 1 id in 64 did)."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not candidate.startswith("-"):
+            return candidate
+
+
 @dataclass(frozen=True)
 class BrokerStatus:
     running: bool
@@ -182,7 +191,7 @@ class KafkaBroker:
         existing = self.cluster_id()
         if existing:
             return existing
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = new_cluster_id()
         cmd = self._java_cmd(java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_file))
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
