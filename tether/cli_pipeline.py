@@ -133,7 +133,8 @@ def replay_run(
 
 def analytics(
     run: Annotated[str, typer.Option("--run", help="The run id.")],
-    dsn: Annotated[str | None, typer.Option(help="ClickHouse DSN (default: TETHER_PROCESSOR_CLICKHOUSE_DSN).")]
+    dsn: Annotated[str | None, typer.Option(help="ClickHouse DSN (default: TETHER_PROCESSOR_CLICKHOUSE_DSN if set, "
+                                                 "else the sink of `tether up`'s run folder if there is one).")]
     = None,
     out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path(".tether/analytics"),
 ) -> None:
@@ -142,8 +143,13 @@ def analytics(
     from stream_processors.errors import ProcessorError
     from stream_processors.settings import ProcessorSettings
     from stream_processors.sink import connect
+    from tether.stack import StackSettings
 
-    target = dsn or load_settings(ProcessorSettings).clickhouse_dsn
+    settings = load_settings(ProcessorSettings)
+    stack_sink = load_settings(StackSettings).home / "runs" / run / "clickhouse"  # where `tether up` puts it
+    if dsn is None and "clickhouse_dsn" not in settings.model_fields_set and stack_sink.is_dir():
+        dsn = f"chdb://{stack_sink}"
+    target = dsn or settings.clickhouse_dsn
     if not target:
         fail("no ClickHouse DSN: pass --dsn or set TETHER_PROCESSOR_CLICKHOUSE_DSN", 2)
     try:

@@ -28,6 +28,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).parent.parent
 AGENT = ROOT / "examples" / "openai_agent.py"
+NO_SIGNAL_UPDATES = 3  # all rewards 0 for this many updates: stop rather than spend the rest of the budget
 
 
 class DemoSettings(BaseSettings):
@@ -185,5 +186,9 @@ def _train(stack: Any, settings: DemoSettings, console: Console,
                                                                    f"{h['mean_reward']:.3f} loss {h['loss']:.4f}")
             if agents.poll() is not None and stack.pid("trainer") is None:
                 break  # nothing more will come
+            if len(history) >= NO_SIGNAL_UPDATES and not any(h["mean_reward"] for h in history):
+                console.print(f"[red]stopping: every reward of the first {len(history)} updates was 0, so GRPO has "
+                              "no signal (is the warm-start producing valid tool calls?)[/red]")
+                break
             time.sleep(1.0)
     return history
