@@ -149,6 +149,13 @@ def main(settings: DemoSettings, console: Console) -> int:
                                      f"≥ 0.8 at {sum(r >= 0.8 for r in rewards[-10:])} of the last "
                                      f"{len(rewards[-10:])} updates; chance is 0.2)")
         table.add_row("per update", " ".join(f"{r:.2f}" for r in rewards))
+    by_version = _reward_by_version(f"chdb://{(run_dir / 'clickhouse').resolve()}", settings.run_id)
+    if by_version:
+        (n0, r0), last = by_version[0], by_version[-3:]
+        n_last = sum(n for n, _ in last)
+        table.add_row("reward by sampling weights", (
+            f"{r0:.3f} over the {n0} rollouts of the warm-started model (version 0) → "
+            f"{sum(n * r for n, r in last) / max(n_last, 1):.3f} over the {n_last} of the last {len(last)} versions"))
     table.add_row("task groups trained", str(int(sum(h["task_groups"] for h in history))))
     table.add_row("calls recorded", str(sum(1 for e in events if type(e).__name__ == "ModelCall")))
     same, pending = compare(rebuilt, stored)
@@ -164,6 +171,18 @@ def main(settings: DemoSettings, console: Console) -> int:
     table.add_row("replay", f"tether replay --run {settings.run_id}   (with `tether kafka up`)")
     console.print(table)
     return 0
+
+
+def _reward_by_version(dsn: str, run_id: str) -> list[tuple[int, float]]:
+    """(rollouts, mean reward) per weight version that sampled them, from the run's analytics sink."""
+    from stream_processors.errors import ProcessorError
+    from stream_processors.sink import connect, query
+
+    try:
+        columns, rows = query(connect(dsn), "reward_per_version", run_id)
+    except ProcessorError:
+        return []
+    return [(int(row[columns.index("rollouts")]), float(row[columns.index("mean_reward")])) for row in rows]
 
 
 def _train(stack: Any, settings: DemoSettings, console: Console,
