@@ -10,8 +10,9 @@ batch size. Synchronous: the controller launches B groups, waits for all of
 them and for the trainer's update, repeats (`sync_batch`). Async: the
 controller keeps up to 3B groups in flight while the trainer updates every B.
 Prints wall time, task groups trained per minute, the fraction of the time the
-trainer sat idle, staleness, and the throughput ratio; writes both timelines
-to bench/results/async_vs_sync.png.
+device sat idle (neither the engine generating, by its own count of time in
+prefill and decode steps, nor the trainer updating), staleness, and the
+throughput ratio; writes both timelines to bench/results/async_vs_sync.png.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import yaml
 from rich.console import Console
 from rich.table import Table
@@ -48,7 +50,8 @@ class RunResult:
     mode: str
     wall: float
     groups: float
-    busy: float
+    busy: float  # the trainer's update steps
+    generating: float  # the engine's prefill and decode steps
     staleness_mean: float
     staleness_max: float
     times: list[float]
@@ -56,6 +59,10 @@ class RunResult:
     @property
     def per_minute(self) -> float:
         return self.groups / self.wall * 60
+
+
+def _engine_busy(url: str) -> float:
+    return float(httpx.get(f"{url}/health", timeout=30).json()["busy_s"])
 
 
 def one_run(mode: str, home: Path, model: Path, broker: KafkaBroker, args: argparse.Namespace) -> RunResult:
@@ -81,6 +88,7 @@ def one_run(mode: str, home: Path, model: Path, broker: KafkaBroker, args: argpa
     try:
         with console.status(f"{mode}: tether up"):
             stack.up()
+        busy_before = _engine_busy(settings.engine_url)
         started = time.time()
         with (run_dir / "controller.log").open("ab") as log:
             agents = subprocess.Popen([sys.executable, "-m", "tether.cli", "controller", "run",
@@ -96,14 +104,15 @@ def one_run(mode: str, home: Path, model: Path, broker: KafkaBroker, args: argpa
                 status.update(f"{mode}: update {len(history)}/{updates}, {time.time() - started:.0f} s")
                 time.sleep(0.5)
         wall = (history[-1]["time"] if history else time.time()) - started
+        generating = _engine_busy(settings.engine_url) - busy_before  # the last update's tail included
         agents.send_signal(signal.SIGINT)
         agents.wait(120)
     finally:
         stack.down(keep_kafka=True)
     busy = sum(h["seconds"] for h in history)
     stale = [h["staleness_mean"] for h in history]
-    return RunResult(mode, wall, sum(h["task_groups"] for h in history), busy, sum(stale) / max(len(stale), 1),
-                     max((h["staleness_max"] for h in history), default=0.0),
+    return RunResult(mode, wall, sum(h["task_groups"] for h in history), busy, generating,
+                     sum(stale) / max(len(stale), 1), max((h["staleness_max"] for h in history), default=0.0),
                      [h["time"] - started for h in history])
 
 
@@ -131,10 +140,12 @@ def main() -> None:
 
     table = Table(title=f"Sync vs collocated async: {args.updates} updates x {args.batch_groups} task groups, "
                         f"K={args.group_size}, Pareto(1.5) harness durations x {args.scale} s")
-    for column in ("mode", "wall s", "task groups / min", "trainer idle", "staleness mean", "staleness max"):
+    for column in ("mode", "wall s", "task groups / min", "engine busy", "trainer busy", "device idle",
+                   "staleness mean", "staleness max"):
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(r.mode, f"{r.wall:.0f}", f"{r.per_minute:.1f}", f"{1 - r.busy / r.wall:.0%}",
+        table.add_row(r.mode, f"{r.wall:.0f}", f"{r.per_minute:.1f}", f"{r.generating / r.wall:.0%}",
+                      f"{r.busy / r.wall:.0%}", f"{max(0.0, 1 - (r.generating + r.busy) / r.wall):.0%}",
                       f"{r.staleness_mean:.2f}", f"{r.staleness_max:.0f}")
     console.print(table)
     sync, fast = results

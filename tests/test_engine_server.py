@@ -33,6 +33,9 @@ def test_models_and_health(engine_server: RunningEngine) -> None:
     assert [m.id for m in models.data] == [engine_server.model]
     health = httpx.get(f"{engine_server.url}/health").json()
     assert health["status"] == "ok" and isinstance(health["weight_version"], int)
+    complete(engine_server, prompt="What is 2 + 2?", max_tokens=16, temperature=1.0, ignore_eos=True)
+    after = httpx.get(f"{engine_server.url}/health").json()
+    assert after["busy_s"] > health["busy_s"] >= 0  # generating is counted as the device's busy time
 
 
 def test_sync_sdk_text_equals_decoded_token_ids(engine_server: RunningEngine,

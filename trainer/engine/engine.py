@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -107,6 +108,7 @@ class Engine:
         if self._direct and model.config._attn_implementation in ("sdpa", "eager"):
             model.set_attn_implementation(attention.NAME)  # same results, no key/value copies when decoding
         self.version = version
+        self.busy_s = 0.0  # seconds spent in prefill and decode steps: the device's share of generation
         self._pending: deque[_Submission] = deque()
         self._running: list[_Sequence] = []
         self._kv = KVBatch()
@@ -212,6 +214,7 @@ class Engine:
                 if self._stopping:
                     break
                 admitted = self._admit()
+            started = time.perf_counter()
             try:
                 with torch.inference_mode():
                     self._prefill(admitted)
@@ -221,6 +224,8 @@ class Engine:
                 for seq in [*self._running, *(s for s in admitted if s not in self._running)]:
                     seq.submission.put(EngineUnavailable(f"generation failed: {exc!r}"))
                 self._running, self._kv = [], KVBatch()
+            finally:
+                self.busy_s += time.perf_counter() - started
         for seq in self._running:
             seq.submission.put(EngineUnavailable("the engine stopped"))
         for sub in self._pending:
