@@ -174,3 +174,10 @@ async def test_a_preloaded_harness_runs_as_its_own_program(tmp_path: Path) -> No
     assert s.log_path.read_text().split() == [
         "__main__", f"['{tmp_path / 'agent.py'}',", "'live']", "True", "7", "4", str(tmp_path / "work"),
         s.rollout_id]
+
+
+async def test_a_module_that_cannot_be_preloaded_is_a_launch_error_naming_it(tmp_path: Path) -> None:
+    make: Any = lambda _: None  # noqa: E731
+    make.run_id = "preload"
+    with pytest.raises(LaunchError, match="import no_such_module_here: ModuleNotFoundError"):
+        await run(LocalRunner(preload=["no_such_module_here"]), spec(tmp_path, make, [sys.executable, "-c", "pass"]))

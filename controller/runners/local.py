@@ -72,6 +72,7 @@ class _Zygote:
         zygote = cls(process)
         reply = await zygote._reply()
         if not reply.get("ready"):
+            await zygote.close()
             raise LaunchError(f"preload {' '.join(modules)} with {interpreter}: {reply.get('error', 'no zygote')}")
         return zygote
 
@@ -86,8 +87,11 @@ class _Zygote:
     async def fork(self, request: dict[str, object]) -> int:
         assert self.process.stdin is not None
         async with self._lock:
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
-            await self.process.stdin.drain()
+            try:
+                self.process.stdin.write(json.dumps(request).encode() + b"\n")
+                await self.process.stdin.drain()
+            except (OSError, ConnectionError) as exc:  # it died between two rollouts: the next start replaces it
+                raise LaunchError(f"the zygote is gone: {exc}") from exc
             reply = await self._reply()
         pid = reply.get("pid")
         if not isinstance(pid, int):
@@ -95,10 +99,9 @@ class _Zygote:
         return pid
 
     async def close(self) -> None:
-        if self.process.returncode is None:
-            assert self.process.stdin is not None
-            self.process.stdin.close()  # it exits at end of input; its children live on
-            await self.process.wait()
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # it exits at end of input; its children live on
+        await self.process.wait()
 
 
 class LocalRunner:

@@ -104,7 +104,11 @@ def _reap(exits: dict[int, str]) -> None:
 def serve(modules: list[str]) -> None:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the replies only
         for name in modules:
-            __import__(name)
+            try:
+                __import__(name)
+            except Exception as exc:  # the runner says which module failed, in the rollout's launch error
+                print(json.dumps({"error": f"import {name}: {exc!r}"}), file=sys.__stdout__, flush=True)
+                return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller's Ctrl-C is for the controller
     exits: dict[int, str] = {}
     print(json.dumps({"ready": True}), flush=True)
