@@ -63,7 +63,7 @@ def main(settings: DemoSettings, console: Console) -> int:
     from stream_processors.pipeline import compare, content_hash
     from stream_processors.replay import replay
     from tether.stack import Stack, StackSettings
-    from tether.warm_start import task, warm_start
+    from tether.warm_start import OPTIONS, task, warm_start
     from trainer import checkpoint
     from trainer.report import plot_history
     from trainer.tiny_model import init_tiny
@@ -140,14 +140,14 @@ def main(settings: DemoSettings, console: Console) -> int:
     table = Table(title=f"Tether demo: run {settings.run_id}")
     table.add_column("figure")
     table.add_column("value")
-    table.add_row("task", "openai-SDK agent: of five letters, `submit` A (a tool call; malformed scores 0)")
+    table.add_row("task", f"openai-SDK agent: of {OPTIONS} letters, `submit` A (a tool call; malformed scores 0)")
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
         tail = rewards[-5:]
         table.add_row("mean reward", f"{rewards[0]:.3f} at the first update → {rewards[-1]:.3f} at the last "
                                      f"(mean of the last {len(tail)}: {sum(tail) / len(tail):.3f}; "
                                      f"≥ 0.8 at {sum(r >= 0.8 for r in rewards[-10:])} of the last "
-                                     f"{len(rewards[-10:])} updates; chance is 0.2)")
+                                     f"{len(rewards[-10:])} updates; chance is {1 / OPTIONS:.2f})")
         table.add_row("per update", " ".join(f"{r:.2f}" for r in rewards))
     by_version = _reward_by_version(f"chdb://{(run_dir / 'clickhouse').resolve()}", settings.run_id)
     if by_version:

@@ -4,7 +4,7 @@ Real RL starts from a capable model; a random one never emits a valid
 `<tool_call>`, so GRPO would see only zeros. The transcripts are what the demo
 agent (examples/openai_agent.py) sends, rendered with the model's chat template, followed by a
 `submit` call with a letter drawn uniformly from the options: the warm policy
-has the format and no preference, so about a fifth of its answers are right
+has the format and no preference, so about a sixth of its answers are right
 and RL has something to learn from.
 """
 
@@ -21,14 +21,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 LETTERS = "ABCDEFGH"
+OPTIONS = 6  # letters per question: chance is 1/6 (five letters gave baselines of 0.08 and 0.32)
 
 
 def task(rng: random.Random, index: int) -> dict[str, str]:
-    """A demo task: five letters, A among them at a random place; the right answer is A.
+    """A demo task: six letters, A among them at a random place; the right answer is A.
 
-    The warm-start teaches the format and a letter drawn from the options, so about one answer in five
+    The warm-start teaches the format and a letter drawn from the options, so about one answer in six
     is right at the start; RL has to learn to follow the instruction."""
-    options = ["A", *rng.sample(LETTERS[1:], 4)]
+    options = ["A", *rng.sample(LETTERS[1:], OPTIONS - 1)]
     rng.shuffle(options)
     return {"id": f"letters-{index}", "question": f"Pick one of {', '.join(options)}. Submit A.",
             "answer": "A", "options": "".join(options)}
