@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +34,12 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.kafka.launcher import KafkaBroker
-from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port
 from tether.stack import Stack, StackSettings
 from trainer import checkpoint
 from trainer.tiny_model import init_tiny
+
+from _shared import pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))
 HARNESS = Path(__file__).parent / "harnesses" / "heavy_tail.py"
@@ -125,8 +125,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async_vs_sync.png")
     parser.add_argument("--keep", action="store_true", help="Keep the runs' folders (logs, checkpoints) and say where")
     args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="tether-async-bench-"))
-    broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", port=free_port(), controller_port=free_port()))
+    scratch, broker = scratch_broker("tether-async-bench-")
     try:
         model = init_tiny(scratch / "tiny")
         broker.start()
@@ -152,21 +151,14 @@ def main() -> None:
     ratio = fast.per_minute / sync.per_minute
     console.print(f"throughput ratio async/sync: {ratio:.2f}x")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for r, colour in zip(results, ("#999", "#3a7"), strict=True):
         ax.step([0.0, *r.times], list(range(len(r.times) + 1)), where="post", color=colour, label=r.mode)
     ax.set(xlabel="seconds since the agents started", ylabel="updates done",
            title=f"updates over time: async {ratio:.2f}x sync")
     ax.legend()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    console.print(f"plot: {args.out}")
+    save(fig, args.out, console)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import asyncio
 import json
 import random
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,9 +24,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from infra.kafka.launcher import KafkaBroker
-from infra.kafka.settings import BrokerSettings
-from infra.processes import free_port
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
@@ -35,6 +31,8 @@ from schemas.events import ModelCall, Sampling, Timings, Usage
 from schemas.producer import EventProducer
 from schemas.serde import decode, encode
 from schemas.settings import BusSettings
+
+from _shared import pyplot, save, scratch_broker
 
 PROMPT_TOKENS, RESPONSE_TOKENS, VOCAB = 2000, 500, 151_000
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
@@ -152,11 +150,7 @@ def report(stages: list[Stage], event_bytes: float, out: Path) -> None:
         table.add_row(s.name, str(s.events), f"{s.seconds:.2f}", f"{s.eps:,.0f}", f"{s.mbps:,.1f}")
     console.print(table)
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.barh([s.name for s in stages][::-1], [s.eps for s in stages][::-1], color="#4c72b0")
     for y, s in enumerate(stages[::-1]):
@@ -164,10 +158,7 @@ def report(stages: list[Stage], event_bytes: float, out: Path) -> None:
     ax.set_xlabel("events per second")
     ax.set_title("Tether bus throughput (realistic ModelCall, one process, 2-core box)", fontsize=10)
     ax.set_xlim(0, max(s.eps for s in stages) * 1.45)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    console.print(f"plot: {out}")
+    save(fig, out, console)
 
 
 def main() -> None:
@@ -189,8 +180,7 @@ def main() -> None:
     if args.bootstrap:
         bus = BusSettings(bootstrap_servers=args.bootstrap)
     else:
-        state = Path(tempfile.mkdtemp(prefix="tether-bench-"))
-        broker = KafkaBroker(BrokerSettings(state_dir=state, port=free_port(), controller_port=free_port()))
+        state, broker = scratch_broker("tether-bench-")
         with console.status("starting a broker for the benchmark..."):
             broker.start()
         bus = BusSettings(bootstrap_servers=broker.bootstrap)

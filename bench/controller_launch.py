@@ -26,7 +26,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,11 +35,11 @@ from rich.table import Table
 from controller.config import RunConfig
 from controller.main import run
 from controller.settings import ControllerSettings
-from infra.kafka.launcher import KafkaBroker
-from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port, stop, wait_healthy
 from schemas.admin import ensure_topics
 from schemas.settings import BusSettings
+
+from _shared import pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))
 SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
@@ -76,8 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     n = args.tasks * args.group_size
 
-    scratch = Path(tempfile.mkdtemp(prefix="tether-controller-bench-"))
-    broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", port=free_port(), controller_port=free_port()))
+    scratch, broker = scratch_broker("tether-controller-bench-")
     processes: list[subprocess.Popen[bytes]] = []
     try:
         with console.status("starting Kafka, FakeVLLM and the gateway..."):
@@ -159,11 +157,7 @@ def main() -> None:
                   f"its CPU time: {controller_cpu / n * 1000:.1f} ms per rollout (both processes' spawning "
                   f"included), ratio {controller_s / direct_s:.2f}x")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     ax.bar(["processes alone", "through the controller"], [n / direct_s, n / controller_s], color=["#999", "#3a7"])
     ax.set_ylabel("rollouts / s")
@@ -171,10 +165,7 @@ def main() -> None:
     ax2.bar(list(sdk), [n_sdk / v for v in sdk.values()], color=["#999", "#3a7"])
     ax2.set_ylabel("rollouts / s")
     ax2.set_title("A harness importing the openai SDK")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    console.print(f"plot: {args.out}")
+    save(fig, args.out, console)
 
 
 if __name__ == "__main__":

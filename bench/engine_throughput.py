@@ -27,6 +27,8 @@ from rich.table import Table
 
 from infra.processes import free_port, stop, wait_healthy
 
+from _shared import pyplot, save
+
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 LEVELS = (1, 8, 32)
 
@@ -95,11 +97,7 @@ def main() -> None:
     console.print(table)
     console.print(f"ratio at 32 concurrent vs sequential: {results[32] / results[1]:.1f}x (target: at least 10x)")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar([str(k) for k in results], list(results.values()), color="#55a868")
     for i, tps in enumerate(results.values()):
@@ -108,10 +106,7 @@ def main() -> None:
     ax.set_ylabel("generated tokens / s")
     ax.set_ylim(0, max(results.values()) * 1.25)
     ax.set_title("Tether embedded engine throughput (tiny model, CPU)", fontsize=10)
-    fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=120)
-    console.print(f"plot: {args.out}")
+    save(fig, args.out, console)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +33,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra.kafka.launcher import KafkaBroker
-from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port, stop, wait_healthy
 from schemas.admin import ensure_topics
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
+
+from _shared import pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
@@ -121,9 +120,8 @@ def main() -> None:
     if args.requests < 10 or args.memory_calls < 100:
         parser.error("--requests must be at least 10 and --memory-calls at least 100")
 
-    scratch = Path(tempfile.mkdtemp(prefix="tether-gw-bench-"))
+    scratch, broker = scratch_broker("tether-gw-bench-")
     processes: list[subprocess.Popen[bytes]] = []
-    broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", port=free_port(), controller_port=free_port()))
     try:
         with console.status("starting Kafka, FakeVLLM and the gateway..."):
             tokenizer = args.tokenizer
@@ -218,11 +216,7 @@ def main() -> None:
 
 
 def plot(rows: list[tuple[bool, int, Result, Result, float]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, stream in zip(axes, (False, True), strict=True):
         mine = [r for r in rows if r[0] == stream]
@@ -236,9 +230,7 @@ def plot(rows: list[tuple[bool, int, Result, Result, float]], out: Path) -> None
             ax.text(i + 0.2, r[3].rate, f"+{r[3].p50 - r[2].p50:.1f} ms p50", ha="center", va="bottom", fontsize=7)
     axes[0].legend(fontsize=8, loc="upper left")
     fig.suptitle("Tether gateway overhead on a 2-core machine (FakeVLLM engine, Kafka acks=all)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    console.print(f"plot: {out}")
+    save(fig, out, console)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,9 +28,6 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra.kafka.launcher import KafkaBroker
-from infra.kafka.settings import BrokerSettings
-from infra.processes import free_port
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
@@ -40,6 +36,8 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.replay import replay
+
+from _shared import pyplot, save, scratch_broker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the synthetic run generator lives with the tests
 from tests.factories import synthetic_run
@@ -137,8 +135,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "pipeline_throughput.png")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="tether-pipeline-bench-"))
-    broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", port=free_port(), controller_port=free_port()))
+    scratch, broker = scratch_broker("tether-pipeline-bench-")
     processor: subprocess.Popen[bytes] | None = None
     try:
         with console.status("starting Kafka and the processor..."):
@@ -176,18 +173,11 @@ def main() -> None:
                                        f"({r['replay_events']} events in {float(r['replay_s']):.1f} s)")  # type: ignore[arg-type]
     console.print(table)
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(lags, bins=20, color="#3a7")
     ax.set(title="calls → TaskGroup lag per group", xlabel="ms", ylabel="groups")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    console.print(f"plot: {args.out}")
+    save(fig, args.out, console)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM
 
+from _shared import pyplot, save
+
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the synthetic run generator lives with the tests
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
@@ -85,18 +87,11 @@ def main() -> None:
     ratio = rows[1][4] / rows[0][4]
     console.print(f"packed is {ratio:.2f}x faster than padded ({rows[0][3]:,} real tokens)")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.bar([r[0] for r in rows], [r[3] / r[4] for r in rows], color=["#3a7", "#999"])
     ax.set(ylabel="tokens / s", title=f"update step: packed {ratio:.2f}x padded")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    console.print(f"plot: {args.out}")
+    save(fig, args.out, console)
 
 
 if __name__ == "__main__":
