@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.errors import ConfigError
+from schemas.config_file import load_model
 
 
 class Strict(BaseModel):
@@ -77,24 +77,9 @@ class RunConfig(Strict):
         return self.log_dir / self.run_id
 
 
-def _error(source: Path, exc: ValidationError) -> ConfigError:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    return ConfigError(f"{source}: {where}: {first['msg']}")
-
-
 def load_config(path: Path) -> RunConfig:
     """Relative paths in the file are relative to the file."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings")
-    try:
-        config = RunConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise _error(path, exc) from exc
+    config = load_model(path, RunConfig, ConfigError)
     base = path.parent
     resolve = {"dataset": base / config.dataset, "log_dir": base / config.log_dir}
     harness = config.harness.model_copy(update={

@@ -39,7 +39,8 @@ from stream_processors.pipeline import rebuild
 from tests.conftest import RunningEngine, gateway, serve_engine
 from tests.factories import synthetic_run
 from trainer import checkpoint
-from trainer.config import TrainerConfig
+from trainer.config import TrainerConfig, load_config
+from trainer.errors import ConfigError
 from trainer.loop import Trainer
 
 
@@ -152,3 +153,15 @@ def test_killed_mid_run_the_trainer_resumes_without_repeating_or_skipping(
     settled = {e.version for e in events if isinstance(e, WeightVersionPublished | UpdateAborted)}
     assert requested <= settled  # no update left pending
     assert json.loads((latest / "state.json").read_text())["offsets"]
+
+
+def test_the_config_file_takes_paths_from_itself_and_names_a_bad_field(tmp_path: Path) -> None:
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "models/tiny", "batch_groups": 4}))
+    config = load_config(tmp_path / "trainer.yaml")
+    assert config.model == tmp_path / "models" / "tiny" and config.batch_groups == 4
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m", "batch_groups": 0}))
+    with pytest.raises(ConfigError, match=r"trainer.yaml: batch_groups: Input should be greater than or equal to 1"):
+        load_config(tmp_path / "trainer.yaml")
+    (tmp_path / "trainer.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(tmp_path / "trainer.yaml")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.config_file import load_model
 from trainer.errors import ConfigError
 
 
@@ -46,17 +46,9 @@ class TrainerConfig(BaseModel):
 
 
 def load_config(path: Path) -> TrainerConfig:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings")
-    for key in ("model", "checkpoint_dir"):
-        if isinstance(raw.get(key), str):
-            raw[key] = str(path.parent / raw[key])
-    try:
-        return TrainerConfig.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(f"{path}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from exc
+    """Relative `model` and `checkpoint_dir` are relative to the file."""
+    def relative(raw: dict[str, Any]) -> dict[str, Any]:
+        paths = ("model", "checkpoint_dir")
+        return {**raw, **{k: str(path.parent / raw[k]) for k in paths if isinstance(raw.get(k), str)}}
+
+    return load_model(path, TrainerConfig, ConfigError, relative)
