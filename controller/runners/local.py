@@ -49,10 +49,9 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _python_program(argv: list[str], path: str) -> bool:
+def _python_program(argv: list[str], executable: str) -> bool:
     """`python SCRIPT ...`, `python -m MODULE ...` or `python -c CODE ...`: what a zygote can run."""
-    found = shutil.which(argv[0], path=path)
-    if found is None or not Path(found).name.startswith("python") or len(argv) < 2:
+    if not Path(executable).name.startswith("python") or len(argv) < 2:
         return False
     return (argv[1] in ("-c", "-m") and len(argv) > 2) or not argv[1].startswith("-")
 
@@ -120,15 +119,16 @@ class LocalRunner:
     async def start(self, spec: Spec) -> None:
         if not spec.argv:
             raise LaunchError(f"{spec.rollout_id}: no harness command")
-        if shutil.which(spec.argv[0], path=spec.env.get("PATH", os.defpath)) is None:
+        executable = shutil.which(spec.argv[0], path=spec.env.get("PATH", os.defpath))
+        if executable is None:
             raise LaunchError(f"{spec.argv[0]}: command not found (or not executable)")
         if spec.workdir is not None and not spec.workdir.is_dir():
             raise LaunchError(f"harness.workdir {spec.workdir} is not a directory")
         pid_file, exit_file = self._files(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
-        if self.preload and _python_program(spec.argv, spec.env.get("PATH", os.defpath)):
-            pid = await self._fork(spec, exit_file)
+        if self.preload and _python_program(spec.argv, executable):
+            pid = await self._fork(spec, executable, exit_file)
             pid_file.write_text(f"{pid} {_start_time(pid)}\n")
             return
         try:
@@ -142,9 +142,8 @@ class LocalRunner:
         self._children[spec.rollout_id] = process
         pid_file.write_text(f"{process.pid} {_start_time(process.pid)}\n")
 
-    async def _fork(self, spec: Spec, exit_file: Path) -> int:
+    async def _fork(self, spec: Spec, interpreter: str, exit_file: Path) -> int:
         assert spec.argv is not None
-        interpreter = shutil.which(spec.argv[0], path=spec.env.get("PATH", os.defpath)) or spec.argv[0]
         zygote = self._zygotes.get(interpreter)
         if zygote is None or zygote.process.returncode is not None:
             zygote = self._zygotes[interpreter] = await _Zygote.start(interpreter, self.preload, spec.env)
