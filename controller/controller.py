@@ -26,7 +26,7 @@ from controller.rewards import parse_reward
 from controller.runners.base import Exit, Runner, Spec
 from controller.settings import ControllerSettings
 from schemas import topics
-from schemas.consumer import EventConsumer
+from schemas.consumer import CaughtUp, EventConsumer
 from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted
 from schemas.producer import EventProducer
 from schemas.rollout_token import mint
@@ -96,15 +96,11 @@ class Controller:
         versions (for synchronous mode and the record), arrive here."""
         async with EventConsumer(self.settings.bus, [topics.ROLLOUTS, topics.CONTROL], self.producer,
                                  name=f"controller-{self.config.run_id}") as consumer:
-            ends = await consumer.end_offsets()
-            if all(end == 0 for end in ends.values()):
-                self._caught_up.set()
-            async for batch in consumer.batches(timeout_ms=100):
-                for received in batch:
-                    self._apply(received.event)
-                if not self._caught_up.is_set() and all(
-                        [await consumer.position(tp) >= end for tp, end in ends.items()]):
+            async for item in consumer.follow(timeout_ms=100):
+                if isinstance(item, CaughtUp):
                     self._caught_up.set()
+                else:
+                    self._apply(item.event)
 
     async def _recover(self) -> None:
         for state in self.view.running():

@@ -13,12 +13,6 @@ async def read_run(bus: BusSettings, run_id: str, group_size: int = 1, max_attem
     view = RunView(run_id, group_size, max_attempts)
     async with EventProducer(bus) as deadletters, \
             EventConsumer(bus, [topics.ROLLOUTS], deadletters, name=f"rollouts-ls-{run_id}") as consumer:
-        ends = await consumer.end_offsets()
-        if all(end == 0 for end in ends.values()):
-            return view
-        async for batch in consumer.batches(timeout_ms=200):
-            for received in batch:
-                view.apply(received.event)
-            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
-                return view
+        async for received in consumer.read_to_end():
+            view.apply(received.event)
     return view

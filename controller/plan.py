@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted, WeightVersionPublished
+from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted, WeightVersionPublished, run_of
 
 _ID_TAIL = re.compile(r"\.r(\d+)\.a\d+$")
 DONE = frozenset({"succeeded", "failed", "timeout"})  # the slot has its rollout
@@ -74,7 +74,7 @@ class RunView:
     version: int = 0  # the latest weight version the trainer published for the run
 
     def apply(self, event: Event) -> None:
-        if getattr(event, "run_id", None) != self.run_id:
+        if run_of(event) != self.run_id:
             return
         if isinstance(event, WeightVersionPublished):
             self.version = max(self.version, event.version)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from gateway.gate import Gate
 from gateway.metrics import Metrics
 from schemas import topics
-from schemas.consumer import EventConsumer
+from schemas.consumer import CaughtUp, EventConsumer
 from schemas.errors import BusError
 from schemas.events import (
     GatewayDrained,
@@ -25,6 +25,7 @@ from schemas.events import (
     UpdateAborted,
     UpdateRequested,
     WeightVersionPublished,
+    run_of,
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -46,32 +47,29 @@ class ControlLoop:
     async def run(self) -> None:
         async with self._consumer as consumer:
             pending: int | None = None
-            ends = await consumer.end_offsets()
-            caught_up = all(end == 0 for end in ends.values())
-            if caught_up:
-                await self._joined()
-            async for batch in consumer.batches(timeout_ms=200):
-                for received in batch:
-                    event = received.event
-                    if getattr(event, "run_id", None) != self.run_id:
-                        continue
-                    if isinstance(event, UpdateRequested):
-                        pending = event.version
-                        if caught_up:
-                            self._pause(event.version)
-                    elif isinstance(event, WeightVersionPublished | UpdateAborted):
-                        if isinstance(event, WeightVersionPublished):
-                            self.version = event.version
-                            self.on_version(event.version)
-                            self.metrics.weight_version.set(event.version)
-                        pending = None
-                        if caught_up:
-                            self._resume()
-                if not caught_up and all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+            caught_up = False
+            async for item in consumer.follow():
+                if isinstance(item, CaughtUp):
                     caught_up = True
                     if pending is not None:
                         self._pause(pending)
                     await self._joined()
+                    continue
+                event = item.event
+                if run_of(event) != self.run_id:
+                    continue
+                if isinstance(event, UpdateRequested):
+                    pending = event.version
+                    if caught_up:
+                        self._pause(event.version)
+                elif isinstance(event, WeightVersionPublished | UpdateAborted):
+                    if isinstance(event, WeightVersionPublished):
+                        self.version = event.version
+                        self.on_version(event.version)
+                        self.metrics.weight_version.set(event.version)
+                    pending = None
+                    if caught_up:
+                        self._resume()
 
     async def _joined(self) -> None:
         await self.producer.publish(GatewayJoined(run_id=self.run_id, gateway_id=self.gateway_id, url=self.url))

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from schemas.validation import first_error
+
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -27,6 +29,4 @@ def load_model(path: Path, model: type[Model], error: type[Exception],
     try:
         return model.model_validate(prepare(raw) if prepare else raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise error(f"{path}: {where}: {first['msg']}") from exc
+        raise error(f"{path}: {first_error(exc).line('(top level)')}") from exc

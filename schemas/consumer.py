@@ -1,15 +1,19 @@
 """Reading events: decoded records in, rejected records out to tether.deadletter, never a crash loop.
 
-A record is rejected when its bytes do not decode, or when it decodes to an
-event that does not belong on its topic. The rejected record is published to
-tether.deadletter, and acknowledged there, before the consumer moves past it.
-If that publish fails, the consumer seeks back so that nothing unhandled is
-skipped, and the error reaches the caller.
+Which records are rejected is `schemas.deadletters.accept`'s decision. A
+rejected record is published to tether.deadletter, and acknowledged there,
+before the consumer moves past it. If that publish fails, the consumer seeks
+back so that nothing unhandled is skipped, and the error reaches the caller.
+
+Every service reads the log through one projection: `read_to_end` for what a
+topic holds now (replay, `rollouts ls`, a run's task groups), `follow` for a
+reader that rebuilds its state and then keeps up (gateway, controller,
+trainer), marking the moment it has caught up with `CAUGHT_UP`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, TypeAlias
@@ -17,12 +21,12 @@ from typing import Protocol, TypeAlias
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from schemas.errors import DecodeError, DeliveryError
-from schemas.events import DeadLetter, Event
+from schemas.deadletters import Rejection, accept
+from schemas.errors import DeliveryError
+from schemas.events import Event
 from schemas.producer import Delivery
-from schemas.serde import decode
 from schemas.settings import BusSettings
-from schemas.topics import BY_NAME, Topic
+from schemas.topics import Topic
 
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
@@ -40,6 +44,15 @@ class Received:
     partition: int
     offset: int
     key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class CaughtUp:
+    """Yielded once by `follow`: every record on the topics when reading began has been yielded before it."""
+
+
+CAUGHT_UP = CaughtUp()
+Progress: TypeAlias = Callable[[int, int], None]  # (records read, records to read) until caught up
 
 
 class EventConsumer:
@@ -135,21 +148,43 @@ class EventConsumer:
                 raise
             yield batch
 
-    async def _accept(self, record: Record) -> Received | None:
-        try:
-            event = decode(record.value or b"")
-        except DecodeError as exc:
-            await self._reject(record, str(exc), type(exc).__name__)
-            return None
-        topic = BY_NAME.get(record.topic)
-        if topic is not None and type(event) not in topic.events:
-            await self._reject(record, f"{type(event).__name__} does not belong on {record.topic}", "WrongTopic")
-            return None
-        return Received(event, record.topic, record.partition, record.offset, record.key)
+    async def follow(self, timeout_ms: int = 200, progress: Progress | None = None
+                     ) -> AsyncIterator[Received | CaughtUp]:
+        """Every event from the current position on, for ever, with `CAUGHT_UP` once after the last record that
+        the topics held when it began (at once if they held none): the projection of a reader that rebuilds its
+        state from the log and then keeps it current."""
+        ends = await self.end_offsets()
+        total = sum(ends.values())
+        caught_up = await self._reached(ends, total, progress)
+        if caught_up:
+            yield CAUGHT_UP
+        async for batch in self.batches(timeout_ms=timeout_ms):
+            for received in batch:
+                yield received
+            if not caught_up and await self._reached(ends, total, progress):
+                caught_up = True
+                yield CAUGHT_UP
 
-    async def _reject(self, record: Record, reason: str, error_type: str) -> None:
-        await self._deadletters.publish(DeadLetter(
-            topic=record.topic, partition=record.partition, offset=record.offset, key=record.key,
-            value=record.value, reason=reason, error_type=error_type, consumer=self._name,
-        ))
-        self.dead_lettered += 1
+    async def read_to_end(self, timeout_ms: int = 200, progress: Progress | None = None
+                          ) -> AsyncIterator[Received]:
+        """Every event on the topics now, from the current position, then stop."""
+        async for item in self.follow(timeout_ms, progress):
+            if isinstance(item, CaughtUp):
+                return
+            yield item
+
+    async def _reached(self, ends: dict[TopicPartition, int], total: int, progress: Progress | None) -> bool:
+        positions = [min(await self.position(tp), end) for tp, end in ends.items()]
+        if progress is not None:
+            progress(sum(positions), total)
+        return all(p >= end for p, end in zip(positions, ends.values(), strict=True))
+
+    async def _accept(self, record: Record) -> Received | None:
+        decided = accept(record.value, record.topic)
+        if isinstance(decided, Rejection):
+            await self._deadletters.publish(decided.letter(
+                topic=record.topic, partition=record.partition, offset=record.offset, key=record.key,
+                value=record.value, consumer=self._name))
+            self.dead_lettered += 1
+            return None
+        return Received(decided, record.topic, record.partition, record.offset, record.key)

@@ -360,3 +360,16 @@ Event = (
     | TrainerStep
     | DeadLetter
 )
+
+
+def run_of(event: Event) -> str | None:
+    """The run an event belongs to; None for the one event that belongs to none (a dead letter)."""
+    return None if isinstance(event, DeadLetter) else event.run_id
+
+
+RolloutEvent = ModelCall | RolloutSealed | RolloutStarted | RewardReported | RolloutFinished
+
+
+def rollout_of(event: Event) -> str | None:
+    """The rollout an event is about, for the events that tether.calls and tether.rollouts carry."""
+    return event.rollout_id if isinstance(event, RolloutEvent) else None

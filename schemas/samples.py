@@ -22,17 +22,11 @@ async def read_groups(bus: BusSettings, run_id: str) -> AsyncIterator[tuple[Task
     seen: set[str] = set()
     async with EventProducer(bus) as deadletters, \
             EventConsumer(bus, [topics.SAMPLES], deadletters, name=f"samples-{run_id}") as consumer:
-        ends = await consumer.end_offsets()
-        if all(end == 0 for end in ends.values()):
-            return
-        async for batch in consumer.batches(timeout_ms=200):
-            for received in batch:
-                group = received.event
-                if isinstance(group, TaskGroup) and group.run_id == run_id:
-                    yield group, group.group_id in seen
-                    seen.add(group.group_id)
-            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
-                return
+        async for received in consumer.read_to_end():
+            group = received.event
+            if isinstance(group, TaskGroup) and group.run_id == run_id:
+                yield group, group.group_id in seen
+                seen.add(group.group_id)
 
 
 async def unique_groups(bus: BusSettings, run_id: str) -> list[TaskGroup]:

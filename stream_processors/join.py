@@ -14,7 +14,16 @@ from typing import Any
 
 import orjson
 
-from schemas.events import Event, ModelCall, RewardReported, RolloutFinished, RolloutSealed, RolloutStarted, Segment
+from schemas.events import (
+    Event,
+    ModelCall,
+    RewardReported,
+    RolloutFinished,
+    RolloutSealed,
+    RolloutStarted,
+    Segment,
+    run_of,
+)
 from stream_processors.assembly import Call, assemble
 
 
@@ -57,7 +66,7 @@ class RolloutJoin:
     def apply(self, event: Event) -> None:
         if self.done:
             return
-        self.run_id = self.run_id or getattr(event, "run_id", "")
+        self.run_id = self.run_id or run_of(event) or ""
         if isinstance(event, ModelCall):
             if event.call_id not in self.calls:
                 self.calls[event.call_id] = {

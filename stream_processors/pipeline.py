@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Iterable
 
-from schemas.events import Event, TaskGroup
+from schemas.events import Event, TaskGroup, rollout_of, run_of
 from schemas.serde import decode, encode, to_jsonable
 from stream_processors.grouping import GroupState, Policy, build, ready
 from stream_processors.join import CompleteRollout, RolloutJoin
@@ -41,8 +41,8 @@ def rebuild(events: Iterable[Event], run_id: str, policy: Policy) -> list[TaskGr
     groups: dict[str, GroupState] = {}
     out: list[TaskGroup] = []
     for event in events:
-        rid = getattr(event, "rollout_id", None)
-        if rid is None or getattr(event, "run_id", None) != run_id:
+        rid = rollout_of(event)
+        if rid is None or run_of(event) != run_id:
             continue
         rollout = rollout_step(joins.setdefault(rid, RolloutJoin(rid)), event)
         if rollout is not None:

@@ -8,7 +8,7 @@ from rich.progress import Progress
 
 from schemas import topics
 from schemas.consumer import EventConsumer
-from schemas.events import Event, TaskGroup
+from schemas.events import Event, TaskGroup, run_of
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
@@ -20,18 +20,13 @@ async def read_run_events(bus: BusSettings, run_id: str, progress: Progress | No
     found: list[Event] = []
     async with EventProducer(bus) as deadletters, \
             EventConsumer(bus, [topics.CALLS, topics.ROLLOUTS], deadletters, name=f"replay-{run_id}") as consumer:
-        ends = await consumer.end_offsets()
-        total = sum(ends.values())
-        task = progress.add_task("reading tether.calls and tether.rollouts", total=total) if progress else None
-        if total == 0:
-            return found
-        async for batch in consumer.batches(timeout_ms=200):
-            found.extend(r.event for r in batch if getattr(r.event, "run_id", None) == run_id)
-            positions = [min(await consumer.position(tp), end) for tp, end in ends.items()]
-            if progress is not None and task is not None:
-                progress.update(task, completed=sum(positions))
-            if all(p >= end for p, end in zip(positions, ends.values(), strict=True)):
-                return found
+        shown = progress.add_task("reading tether.calls and tether.rollouts") if progress else None
+
+        def show(done: int, total: int) -> None:
+            if progress is not None and shown is not None:
+                progress.update(shown, completed=done, total=total)
+
+        found.extend([r.event async for r in consumer.read_to_end(progress=show) if run_of(r.event) == run_id])
     return found
 
 

@@ -12,6 +12,8 @@ from pydantic_settings import BaseSettings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from schemas.validation import first_error
+
 console = Console(stderr=True)
 S = TypeVar("S", bound=BaseSettings)
 
@@ -38,10 +40,10 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     try:
         return cls(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
+        first = first_error(exc)
+        field = first.field or ""
         prefix = str(cls.model_config.get("env_prefix", ""))
-        fail(f"{prefix}{field.upper()} (or --{field.replace('_', '-')}): {first['msg']}", 2)
+        fail(f"{prefix}{field.upper()} (or --{field.replace('_', '-')}): {first.message}", 2)
 
 
 

@@ -28,8 +28,9 @@ from aiokafka import TopicPartition
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from schemas import topics
-from schemas.consumer import EventConsumer
+from schemas.consumer import CaughtUp, EventConsumer
 from schemas.events import (
+    Event,
     GatewayDrained,
     GatewayJoined,
     GatewayLeft,
@@ -38,6 +39,7 @@ from schemas.events import (
     UpdateAborted,
     UpdateRequested,
     WeightVersionPublished,
+    run_of,
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -62,8 +64,8 @@ class Control:
     settled: int = 0  # the latest version published or aborted
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def apply(self, event: object) -> None:
-        if getattr(event, "run_id", None) != self.run_id:
+    def apply(self, event: Event) -> None:
+        if run_of(event) != self.run_id:
             return
         if isinstance(event, GatewayJoined):
             self.members.add(event.gateway_id)
@@ -120,14 +122,11 @@ class Trainer:
 
     async def _follow_control(self, producer: EventProducer) -> None:
         async with EventConsumer(self.bus, [topics.CONTROL], producer, name=f"trainer-{self.config.run_id}") as c:
-            ends = await c.end_offsets()
-            if all(end == 0 for end in ends.values()):
-                self._caught_up.set()
-            async for batch in c.batches(timeout_ms=100):
-                for received in batch:
-                    self.control.apply(received.event)
-                if not self._caught_up.is_set() and all([await c.position(tp) >= e for tp, e in ends.items()]):
+            async for item in c.follow(timeout_ms=100):
+                if isinstance(item, CaughtUp):
                     self._caught_up.set()
+                else:
+                    self.control.apply(item.event)
 
     async def _engine_load(self, engine: httpx.AsyncClient | None, folder: Path, version: int) -> None:
         if engine is None:
