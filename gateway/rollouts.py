@@ -2,7 +2,7 @@
 
 A rollout is registered by the controller, then receives calls (each gets the
 next seq), then is sealed: sealing waits for its calls in flight, and its
-RolloutSealed lists exactly the calls whose events Kafka acknowledged.
+RolloutSealed event lists exactly the calls whose events Kafka acknowledged.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gateway.errors import RolloutNotFound, RolloutSealed
+from gateway.errors import RolloutAlreadySealed, RolloutNotFound
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Rollouts:
     def open(self, rollout_id: str) -> Rollout:
         rollout = self.get(rollout_id)
         if rollout.sealed:
-            raise RolloutSealed(f"rollout {rollout_id!r} is sealed: it takes no more calls")
+            raise RolloutAlreadySealed(f"rollout {rollout_id!r} is sealed: it takes no more calls")
         return rollout
 
     def begin_call(self, rollout: Rollout) -> int:

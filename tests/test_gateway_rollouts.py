@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.errors import RolloutNotFound, RolloutSealed
+from gateway.errors import RolloutAlreadySealed, RolloutNotFound
 from gateway.rollouts import Rollouts
 
 
@@ -19,7 +19,7 @@ async def test_sealed_rollouts_are_kept_only_up_to_a_bound() -> None:
     sealing = asyncio.create_task(rollouts.seal("r0"))
     await asyncio.sleep(0.01)
     assert not sealing.done()  # waits for the call in flight
-    with pytest.raises(RolloutSealed):
+    with pytest.raises(RolloutAlreadySealed):
         rollouts.open("r0")
     rollouts.end_call(live, ["c0"])
     assert (await sealing).acknowledged == ["c0"]
@@ -28,6 +28,6 @@ async def test_sealed_rollouts_are_kept_only_up_to_a_bound() -> None:
     assert len(rollouts) == 3  # r0 and r1 are forgotten
     with pytest.raises(RolloutNotFound):
         rollouts.open("r0")
-    with pytest.raises(RolloutSealed):
+    with pytest.raises(RolloutAlreadySealed):
         rollouts.open("r4")
     assert (await rollouts.seal("r4")).acknowledged == []  # sealing again is harmless
