@@ -1,0 +1,157 @@
+"""The processors' agents over one Faust app: join, group, time out partial groups, sink to analytics.
+
+    tether.calls + tether.rollouts ──join──► <app>-complete (keyed by group) ──group──► tether.samples
+                 (table: rollouts)                                 (table: groups; timer: partial groups)
+    calls, rollouts, samples, control ──sink──► ClickHouse
+
+The decisions are the pure steps of `pipeline`, `join` and `grouping`; this
+module only moves records between topics, tables and those steps. A record no
+reader accepts is dead-lettered once, by the first agent that reads its topic,
+as `schemas.deadletters.accept` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import faust
+
+from schemas import topics
+from schemas.deadletters import Rejection, accept
+from schemas.events import Event, rollout_of, run_of
+from schemas.serde import encode
+from schemas.topics import key_for
+from stream_processors.errors import AnalyticsError
+from stream_processors.grouping import GroupState, Policy, build
+from stream_processors.join import CompleteRollout, RolloutJoin
+from stream_processors.pipeline import group_step, rollout_step
+from stream_processors.settings import ProcessorSettings
+from stream_processors.sink import Sink, connect
+
+log = logging.getLogger("tether.processors")
+
+RAW: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+JOINED = frozenset({topics.CALLS.name, topics.ROLLOUTS.name})  # the join agent reports their bad records
+
+
+@dataclass
+class Counters:
+    """What the processors did since they started; logged on the timer whenever it changed."""
+    dead_lettered: int = 0
+    groups: int = 0
+    sink_failures: int = 0
+
+
+class Processors:
+    """The topics, tables and agents of one processor app; `create_app` registers the agents."""
+
+    def __init__(self, app: faust.App, settings: ProcessorSettings) -> None:
+        self.settings = settings
+        self.policy = Policy(settings.failed, settings.fill_reward)
+        self.sources = app.topic(topics.CALLS.name, topics.ROLLOUTS.name, **RAW)
+        self.complete = app.topic(f"{settings.app_id}-complete", partitions=topics.SAMPLES.partitions,
+                                  internal=True, **RAW)
+        self.analytics = app.topic(topics.CALLS.name, topics.ROLLOUTS.name, topics.SAMPLES.name,
+                                   topics.CONTROL.name, **RAW)
+        self.samples = app.topic(topics.SAMPLES.name, **RAW)
+        self.deadletters = app.topic(topics.DEADLETTER.name, **RAW)
+        self.rollouts = app.Table("rollouts", key_type=bytes, value_type=bytes, partitions=topics.CALLS.partitions)
+        self.groups = app.Table("groups", key_type=bytes, value_type=bytes, partitions=topics.SAMPLES.partitions)
+        self.counters = Counters()
+        self._reported = Counters()
+
+    def wanted(self, event: Event) -> bool:
+        return not self.settings.run_id or run_of(event) == self.settings.run_id
+
+    async def accept(self, event: faust.EventT[bytes], agent: str, report: bool = True) -> Event | None:
+        """The decoded event, or None after sending the record to the dead letters (when `report`)."""
+        message = event.message
+        decided = accept(event.value, message.topic)
+        if not isinstance(decided, Rejection):
+            return decided
+        if report:
+            dead = decided.letter(topic=message.topic, partition=message.partition, offset=message.offset,
+                                  key=event.key, value=event.value, consumer=f"{self.settings.app_id}.{agent}")
+            await (await self.deadletters.send(key=key_for(dead), value=encode(dead)))
+            self.counters.dead_lettered += 1
+            log.warning("dead-lettered %s[%d]@%d: %s", message.topic, message.partition, message.offset,
+                        decided.reason)
+        return None
+
+    async def join(self, stream: faust.StreamT[bytes]) -> None:
+        """Calls and rollout events into one state per rollout; a complete rollout goes on to its group."""
+        async for event in stream.events():
+            decoded = await self.accept(event, "join")
+            rid = rollout_of(decoded) if decoded is not None and self.wanted(decoded) else None
+            if decoded is None or rid is None:
+                continue
+            state = self.rollouts.get(rid.encode())
+            joined = RolloutJoin.loads(state) if state is not None else RolloutJoin(rid)
+            result = rollout_step(joined, decoded)
+            self.rollouts[rid.encode()] = joined.dumps()
+            if result is not None:
+                await (await self.complete.send(key=result.group_id.encode(), value=result.dumps()))
+
+    async def group(self, stream: faust.StreamT[bytes]) -> None:
+        """Complete rollouts into task groups; a group goes out once, then only its marker stays."""
+        async for gid, value in stream.items():
+            rollout = CompleteRollout.loads(value)
+            state = self.groups.get(gid)
+            current = GroupState.loads(state) if state is not None else GroupState(gid.decode(), time.time())
+            ready = group_step(current, rollout, self.policy)
+            if ready is not None:
+                await self._emit(encode(ready), gid)
+                current.rollouts.clear()
+            self.groups[gid] = current.dumps()
+
+    async def tick(self) -> None:
+        """The timer: partial groups out, counters to the log."""
+        await self.partial_groups()
+        if self.counters != self._reported:
+            log.info("processors: %s", self.counters)
+            self._reported = replace(self.counters)
+
+    async def partial_groups(self) -> None:
+        """A group that waited past the timeout goes out with the rollouts it has."""
+        now = time.time()
+        for gid, state in list(self.groups.items()):
+            current = GroupState.loads(state)
+            if current.emitted or now - current.first_seen < self.settings.group_timeout_s or not current.rollouts:
+                continue
+            await self._emit(encode(build(current.members(), self.policy, partial=True)), gid)
+            current.emitted, current.rollouts = True, {}
+            self.groups[gid] = current.dumps()
+            log.warning("task group %s timed out: published partial", gid.decode())
+
+    async def sink(self, stream: faust.StreamT[bytes]) -> None:
+        """Analytics must never stop the training data: a ClickHouse failure is logged and the sink goes on
+        (the tables can be rebuilt from the topics)."""
+        dsn = self.settings.clickhouse_dsn
+        assert dsn, "the sink agent runs only with a DSN"
+        writer: Sink | None = None
+        batches = stream.take_events(self.settings.sink_batch,  # type: ignore[attr-defined]
+                                     within=self.settings.sink_flush_s)
+        async for batch in batches:
+            try:
+                writer = writer or Sink(await asyncio.to_thread(connect, dsn))
+            except AnalyticsError as exc:
+                log.error("analytics sink: %s", exc)
+                continue
+            for event in batch:
+                decoded = await self.accept(event, "sink", report=event.message.topic not in JOINED)
+                if decoded is not None and self.wanted(decoded):
+                    writer.add(decoded)
+            try:
+                await asyncio.to_thread(writer.flush)
+            except AnalyticsError as exc:
+                self.counters.sink_failures += 1
+                log.error("analytics sink: %s; %d rows not written", exc, sum(map(len, writer.pending.values())))
+                writer.pending.clear()
+
+    async def _emit(self, group_bytes: bytes, gid: bytes) -> None:
+        await (await self.samples.send(key=gid, value=group_bytes))
+        self.counters.groups += 1
