@@ -9,10 +9,7 @@ failed; `down` stops them in reverse order and leaves nothing running.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +24,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from infra.errors import InfraError
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
+from infra.processes import running_pid, spawn, stop_group, tail, write_pid_file
+
+_STOP_GRACE_S = 30.0  # each service's time from SIGTERM to SIGKILL on `down`
 
 
 class StackError(InfraError):
@@ -66,13 +66,6 @@ class Service:
     argv: list[str]
     env: dict[str, str]
     health: Callable[[], bool]
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def _http_ok(url: str) -> Callable[[], bool]:
@@ -118,11 +111,7 @@ class Stack:
 
     def pid(self, name: str) -> int | None:
         """The service's pid if it runs (and is the process we started)."""
-        try:
-            pid, started = self._pid_file(name).read_text().split()
-        except (OSError, ValueError):
-            return None
-        return int(pid) if _start_time(int(pid)) == started else None
+        return running_pid(self._pid_file(name))
 
     def _write_trainer_config(self) -> None:
         s = self.settings
@@ -155,28 +144,26 @@ class Stack:
 
     def _start(self, service: Service) -> None:
         log = self.logs / f"{service.name}.log"
-        with log.open("ab") as out:
-            process = subprocess.Popen(service.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env={**os.environ, **service.env}, start_new_session=True)
-        self._pid_file(service.name).write_text(f"{process.pid} {_start_time(process.pid)}\n")
+        process = spawn(service.argv, log, env={**os.environ, **service.env})
+        write_pid_file(self._pid_file(service.name), process.pid)
         deadline = time.monotonic() + self.settings.start_timeout_s
         settle = time.monotonic() + 3.0  # a service without a health endpoint must at least stay up this long
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise StackError(f"the {service.name} exited with {process.returncode} while starting; "
-                                 f"last lines of {log}: {_tail(log)}")
+                                 f"last lines of {log}: {tail(log)}")
             if service.health() and time.monotonic() >= settle:
                 return
             time.sleep(0.25)
         raise StackError(f"the {service.name} did not become healthy within {self.settings.start_timeout_s:.0f} s; "
-                         f"see {log}: {_tail(log)}")
+                         f"see {log}: {tail(log)}")
 
     def down(self, say: Callable[[str], None] = lambda _: None, keep_kafka: bool = False) -> None:
         """Stop every part, last started first; Kafka last (unless kept)."""
         for service in reversed(self.services()):
             pid = self.pid(service.name)
             if pid is not None:
-                _stop(pid)
+                stop_group(pid, _STOP_GRACE_S)
                 say(f"{service.name}: stopped")
             self._pid_file(service.name).unlink(missing_ok=True)
         if not keep_kafka and self.broker.stop():
@@ -185,29 +172,3 @@ class Stack:
     def status(self) -> dict[str, int | None]:
         found: dict[str, int | None] = {s.name: self.pid(s.name) for s in self.services()}
         return found
-
-
-def _stop(pid: int, grace_s: float = 30.0) -> None:
-    """TERM to the process group, KILL after the grace period."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reap it if this process started it
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _tail(log: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -15,38 +15,18 @@ environment, without paying its imports per rollout (the openai SDK is about
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import signal
-import time
 from pathlib import Path
 
 from controller.errors import LaunchError
 from controller.runners.base import Exit, Spec
+from infra.processes import running_pid, stop_group_async, write_pid_file
 
 _WRAPPER = ('f=$1; shift; "$@"; code=$?; printf %s "$code" > "$f.tmp" && mv "$f.tmp" "$f"; exit $code')
 _POLL_S = 0.2
 _ZYGOTE = Path(__file__).with_name("zygote.py")
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _python_program(argv: list[str], executable: str) -> bool:
@@ -128,8 +108,7 @@ class LocalRunner:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
         if self.preload and _python_program(spec.argv, executable):
-            pid = await self._fork(spec, executable, exit_file)
-            pid_file.write_text(f"{pid} {_start_time(pid)}\n")
+            write_pid_file(pid_file, await self._fork(spec, executable, exit_file))
             return
         try:
             with spec.log_path.open("ab") as log:
@@ -140,7 +119,7 @@ class LocalRunner:
         except OSError as exc:
             raise LaunchError(f"{spec.argv[0]}: cannot start: {exc}") from exc
         self._children[spec.rollout_id] = process
-        pid_file.write_text(f"{process.pid} {_start_time(process.pid)}\n")
+        write_pid_file(pid_file, process.pid)
 
     async def _fork(self, spec: Spec, interpreter: str, exit_file: Path) -> int:
         assert spec.argv is not None
@@ -152,16 +131,9 @@ class LocalRunner:
                                   "exit": os.path.join(here, exit_file),
                                   "cwd": os.path.join(here, spec.workdir) if spec.workdir else None})
 
-    def _pid(self, spec: Spec) -> tuple[int, str] | None:
-        try:
-            pid, started = self._files(spec)[0].read_text().split()
-        except (OSError, ValueError):
-            return None
-        return int(pid), started
-
     def _running(self, spec: Spec) -> bool:
-        known = self._pid(spec)
-        return known is not None and _start_time(known[0]) == known[1]
+        """Its process exists, a zombie included: the exit file may not be written yet."""
+        return running_pid(self._files(spec)[0]) is not None
 
     async def attach(self, spec: Spec) -> bool:
         return self._running(spec) or self._files(spec)[1].exists()
@@ -196,17 +168,10 @@ class LocalRunner:
 
     async def _stop(self, spec: Spec) -> None:
         """TERM to the whole group, KILL after the grace period; reaps the child if it is ours."""
-        if not self._running(spec):
+        pgid = running_pid(self._files(spec)[0])  # the harness leads its own session: pid = group id
+        if pgid is None:
             return
-        pgid = self._pid(spec)[0]  # type: ignore[index]  # running, so known
-        # The group outlives its leader (the wrapper), so signal the group even once the leader is gone.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        while _group_alive(pgid) and time.monotonic() < deadline:  # noqa: ASYNC110  # the group has no handle
-            await asyncio.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        await stop_group_async(pgid, self.grace_s)
         child = self._children.get(spec.rollout_id)
         if child is not None:
             await child.wait()

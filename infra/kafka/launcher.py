@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import fcntl
 import logging
-import os
 import re
 import shutil
 import signal
@@ -32,6 +31,7 @@ from infra.errors import BrokerBusy, BrokerStartFailed, PortInUse
 from infra.kafka import jars
 from infra.kafka.config import server_properties
 from infra.kafka.settings import BrokerSettings
+from infra.processes import alive, spawn, stop_group, tail
 
 LOG4J = Path(__file__).parent / "log4j2.properties"
 
@@ -106,11 +106,7 @@ class KafkaBroker:
             for port in (self.settings.port, self.settings.controller_port):
                 _require_free(self.settings.host, port)
             self._format(java)
-            with self.log_file.open("ab") as log:
-                process = subprocess.Popen(
-                    self._java_cmd(java, "kafka.Kafka", str(self.config_file.resolve())),
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                )
+            process = spawn(self._java_cmd(java, "kafka.Kafka", str(self.config_file.resolve())), self.log_file)
             self.pid_file.write_text(f"{process.pid}\n")
             try:
                 self._wait_ready(process.pid, process)
@@ -202,8 +198,9 @@ class KafkaBroker:
         deadline = time.monotonic() + self.settings.start_timeout_s
         expected = self.cluster_id()
         while time.monotonic() < deadline:
-            if (process is not None and process.poll() is not None) or not _alive(pid):
-                raise BrokerStartFailed(f"the Kafka broker exited during start-up; last log lines: {self._log_tail()}")
+            if (process is not None and process.poll() is not None) or not alive(pid):
+                raise BrokerStartFailed("the Kafka broker exited during start-up; last log lines: "
+                                        f"{tail(self.log_file)}")
             found = self.probe()
             if found is not None:
                 if found != expected:
@@ -219,38 +216,10 @@ class KafkaBroker:
         pid = self.pid()
         if pid is None:
             return False
-        with contextlib.suppress(ProcessLookupError):  # it may exit on its own meanwhile
-            os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
-            deadline = time.monotonic() + self.settings.stop_timeout_s
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.1)
+        # The broker leads its own session (spawn), so its group is the broker alone.
+        stop_group(pid, self.settings.stop_timeout_s, first=signal.SIGKILL if force else signal.SIGTERM, poll_s=0.2)
         self.pid_file.unlink(missing_ok=True)
         return True
-
-    def _log_tail(self, lines: int = 5) -> str:
-        try:
-            return " | ".join(self.log_file.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reap our own exited child so it does not linger as a zombie
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie still answers kill(0); it is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _require_free(host: str, port: int) -> None:
