@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Protocol, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -24,6 +23,7 @@ from aiokafka.errors import KafkaError
 from schemas.deadletters import Rejection, accept
 from schemas.errors import DeliveryError
 from schemas.events import Event
+from schemas.lifecycle import Lifecycle
 from schemas.producer import Delivery
 from schemas.settings import BusSettings
 from schemas.topics import Topic
@@ -55,7 +55,7 @@ CAUGHT_UP = CaughtUp()
 Progress: TypeAlias = Callable[[int, int], None]  # (records read, records to read) until caught up
 
 
-class EventConsumer:
+class EventConsumer(Lifecycle):
     """Async iterator of `Received` events over some topics of the catalogue."""
 
     def __init__(
@@ -63,6 +63,7 @@ class EventConsumer:
         settings: BusSettings,
         topics: Sequence[Topic],
         deadletters: DeadLetterSink,
+        *,
         group_id: str | None = None,
         from_beginning: bool = True,
         name: str | None = None,
@@ -91,15 +92,6 @@ class EventConsumer:
 
     async def stop(self) -> None:
         await self._consumer.stop()
-
-    async def __aenter__(self) -> EventConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def commit(self) -> None:
         """Commit the positions past everything yielded so far (group consumers only)."""

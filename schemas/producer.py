@@ -6,13 +6,13 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas.errors import DeliveryError
 from schemas.events import Event
+from schemas.lifecycle import Lifecycle
 from schemas.serde import encode
 from schemas.settings import BusSettings
 from schemas.topics import key_for, topic_for
@@ -27,7 +27,7 @@ class Delivery:
     offset: int
 
 
-class EventProducer:
+class EventProducer(Lifecycle):
     """One idempotent producer per process; `publish` returns only once the event is acknowledged."""
 
     def __init__(self, settings: BusSettings, client_id: str | None = None) -> None:
@@ -53,15 +53,6 @@ class EventProducer:
         """Flush and close; bounded, because an idempotent producer would wait for an absent broker forever."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._producer.stop(), timeout_s)
-
-    async def __aenter__(self) -> EventProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def publish(self, event: Event) -> Delivery:
         """Encode, send, and wait for the acknowledgement of all in-sync replicas."""
