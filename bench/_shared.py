@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,10 @@ def save(fig: Any, out: Path, console: Console) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     console.print(f"plot: {out}")
+
+
+def arguments(doc: str | None, plot: str) -> argparse.ArgumentParser:
+    """A bench's command line: its docstring as help, and `--out` for its plot (under bench/results/)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=RESULTS / plot, help="where the plot goes")
+    return parser

@@ -39,7 +39,7 @@ from tether.stack import Stack, StackSettings
 from trainer import checkpoint
 from trainer.tiny_model import init_tiny
 
-from _shared import pyplot, save, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))
 HARNESS = Path(__file__).parent / "harnesses" / "heavy_tail.py"
@@ -117,12 +117,11 @@ def one_run(mode: str, home: Path, model: Path, broker: KafkaBroker, args: argpa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "async_vs_sync.png")
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--batch-groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--scale", type=float, default=1.0, help="Pareto scale of a harness's work, seconds")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async_vs_sync.png")
     parser.add_argument("--keep", action="store_true", help="Keep the runs' folders (logs, checkpoints) and say where")
     args = parser.parse_args()
     scratch, broker = scratch_broker("tether-async-bench-")

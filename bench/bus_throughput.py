@@ -9,7 +9,6 @@ and MB/s per stage and writes bench/results/bus_throughput.png.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -32,7 +31,7 @@ from schemas.producer import EventProducer
 from schemas.serde import decode, encode
 from schemas.settings import BusSettings
 
-from _shared import pyplot, save, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker
 
 PROMPT_TOKENS, RESPONSE_TOKENS, VOCAB = 2000, 500, 151_000
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
@@ -162,10 +161,9 @@ def report(stages: list[Stage], event_bytes: float, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "bus_throughput.png")
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bus_throughput.png")
     args = parser.parse_args()
     if args.events < 2:
         parser.error("--events must be at least 2")

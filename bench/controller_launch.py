@@ -18,7 +18,6 @@ preloaded the SDK (`harness.preload`). Writes bench/results/controller_launch.pn
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -27,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +37,7 @@ from infra.processes import free_port, stop, wait_healthy
 from schemas.admin import ensure_topics
 from schemas.settings import BusSettings
 
-from _shared import pyplot, save, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))
 SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
@@ -66,12 +64,11 @@ async def direct(n: int, concurrency: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "controller_launch.png")
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sdk-tasks", type=int, default=16, help="Tasks (x K) of the openai-SDK harness runs")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "controller_launch.png")
     args = parser.parse_args()
     n = args.tasks * args.group_size
 

@@ -11,7 +11,6 @@ Writes bench/results/engine_throughput.png.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import subprocess
@@ -27,7 +26,7 @@ from rich.table import Table
 
 from infra.processes import free_port, stop, wait_healthy
 
-from _shared import pyplot, save
+from _shared import arguments, pyplot, save
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 LEVELS = (1, 8, 32)
@@ -55,11 +54,10 @@ async def run_level(url: str, model: str, concurrency: int, tokens: int, request
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "engine_throughput.png")
     parser.add_argument("--model", type=Path, help="model directory (default: build the tiny model)")
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client at each level")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine_throughput.png")
     args = parser.parse_args()
     if args.tokens < 1 or args.rounds < 1:
         parser.error("--tokens and --rounds must be at least 1")

@@ -14,7 +14,6 @@ calls. Writes bench/results/gateway_overhead.png.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -38,7 +37,7 @@ from schemas.admin import ensure_topics
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 
-from _shared import pyplot, save, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
 SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
@@ -110,12 +109,11 @@ def rss_mb(pid: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "gateway_overhead.png")
     parser.add_argument("--requests", type=int, default=2000, help="requests per level and path (at least 10)")
     parser.add_argument("--memory-calls", type=int, default=50_000)
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="concurrent clients")
     parser.add_argument("--tokenizer", type=Path, help="model directory (default: build the tiny model)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gateway_overhead.png")
     args = parser.parse_args()
     if args.requests < 10 or args.memory_calls < 100:
         parser.error("--requests must be at least 10 and --memory-calls at least 100")

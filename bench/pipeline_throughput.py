@@ -37,7 +37,7 @@ from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.replay import replay
 
-from _shared import pyplot, save, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the synthetic run generator lives with the tests
 from tests.factories import synthetic_run
@@ -127,12 +127,11 @@ async def bench(bus: BusSettings, args: argparse.Namespace, progress: Progress) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, "pipeline_throughput.png")
     parser.add_argument("--groups", type=int, default=60)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--lag-groups", type=int, default=30)
     parser.add_argument("--rate", type=float, default=2.0, help="groups per second in the lag phase")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "pipeline_throughput.png")
     args = parser.parse_args()
 
     scratch, broker = scratch_broker("tether-pipeline-bench-")
