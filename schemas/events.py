@@ -1,4 +1,4 @@
-"""Typed events of the contract (DESIGN.md, event contract).
+"""Typed events of the contract (docs/architecture.md, "Events").
 
 Each class mirrors the `.avsc` file of the same name; `registry.py` is the one
 place that ties them together. Invariants that every reader relies on are

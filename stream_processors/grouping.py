@@ -1,4 +1,4 @@
-"""Complete rollouts → one TaskGroup per task (DESIGN.md, grouping). Pure.
+"""Complete rollouts → one TaskGroup per task (docs/architecture.md, "A task group"). Pure.
 
 A group is ready when `group_size` of its rollouts have ended for good:
 succeeded, failed or timeout. `lost` and `cancelled` rollouts are attempts the
