@@ -1,4 +1,4 @@
-"""Typed events of the contract (docs/architecture.md, "Events").
+"""Typed events of the contract (docs/architecture.md, "Event contract").
 
 Each class mirrors the `.avsc` file of the same name; `registry.py` is the one
 place that ties them together. Invariants that every reader relies on are

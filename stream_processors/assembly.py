@@ -1,4 +1,4 @@
-"""A rollout's calls → training segments (docs/architecture.md, "A task group"). Pure.
+"""A rollout's calls → training segments (docs/architecture.md, "Sample assembly"). Pure.
 
 Calls are taken in (seq, choice) order. A call joins the current segment when
 its prompt starts with the segment so far: the appended gap (tool output,
