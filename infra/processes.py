@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -74,25 +75,16 @@ def alive(pid: int) -> bool:
     """Whether one process runs; reaps it first if it is our exited child, and a zombie counts as dead."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not _send(os.kill, pid, 0):
         return False
-    except PermissionError:
-        return True
     fields = _stat(pid)
     return fields is not None and fields[0] != "Z"
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs (a zombie does not). Another user's member counts as
-    running: we cannot signal it, so we cannot say it has gone."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+    """Whether any process of the group still runs (a zombie does not)."""
+    if not signal_group(pgid, 0):
         return False
-    except PermissionError:
-        return True
     leader = _stat(pgid)
     if leader is not None and leader[0] != "Z":
         return True  # the common case, one read: the leader itself runs
@@ -114,10 +106,15 @@ def _runs_in(pid: int, pgid: int) -> bool:
 # -- stopping a process group ---------------------------------------------------------
 
 
-def signal_group(pgid: int, sig: signal.Signals) -> bool:
-    """Send `sig` to the group; False if it has gone. One we may not signal is left to its own end."""
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` (0: none, a probe) to the group; False if it has gone. One we may not signal (another user's
+    process) counts as there, and is left to its own end."""
+    return _send(os.killpg, pgid, sig)
+
+
+def _send(kill: Callable[[int, int], None], target: int, sig: int) -> bool:
     try:
-        os.killpg(pgid, sig)
+        kill(target, sig)
     except ProcessLookupError:
         return False
     except PermissionError:
