@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from controller.config import RunConfig
 from controller.errors import ConfigError, GatewayUnavailable, LaunchError, RewardError
@@ -33,18 +34,24 @@ from schemas.rollout_token import mint
 
 log = logging.getLogger("tether.controller")
 
+S = TypeVar("S", bound=Spec)
+Fill = Callable[[Any], Any]
+"""One rollout's placeholders filled into a string, or into every string inside lists and mappings."""
+SpecOf = Callable[[Spec, Fill], S]
+"""The spec a runner can run, from what every run has and the rollout's placeholders (see controller.main)."""
 
-class Controller:
-    def __init__(self, config: RunConfig, settings: ControllerSettings, tasks: list[dict[str, Any]],
-                 runner: Runner, producer: EventProducer, admin: GatewayAdmin,
-                 job_template: dict[str, Any] | None = None) -> None:
+
+class Controller(Generic[S]):
+    """One run's rollouts, launched by `runner` from specs that `spec_of` makes for it."""
+
+    def __init__(self, config: RunConfig, settings: ControllerSettings, tasks: list[dict[str, Any]], *,
+                 runner: Runner[S], spec_of: SpecOf[S], producer: EventProducer, admin: GatewayAdmin) -> None:
         self.config, self.settings, self.tasks = config, settings, tasks
-        self.runner, self.producer, self.admin = runner, producer, admin
-        self.job_template = job_template
+        self.runner, self.spec_of, self.producer, self.admin = runner, spec_of, producer, admin
         self.view = RunView(config.run_id, config.group_size, config.max_attempts)
         self.launched = 0  # by this process
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._specs: dict[str, Spec] = {}
+        self._specs: dict[str, S] = {}
         self._wake = asyncio.Event()
         self._caught_up = asyncio.Event()
         self._stopping = False
@@ -118,7 +125,13 @@ class Controller:
         s = state.started
         return Launch(s.rollout_id, s.group_id, json.loads(s.task_json), state.slot, s.attempt, s.retry_of)
 
-    def _spec(self, launch: Launch) -> Spec:
+    def _base(self, launch: Launch, env: dict[str, str]) -> Spec:
+        rid = launch.rollout_id
+        return Spec(rollout_id=rid, run_id=self.config.run_id, task_id=launch.task_id, attempt=launch.attempt,
+                    env=env, log_path=self.config.run_dir / f"{rid}.log")
+
+    def _spec(self, launch: Launch) -> S:
+        """The rollout's spec, for the runner; raises ConfigError naming a placeholder the task lacks."""
         rid, url = launch.rollout_id, self.settings.harness_url
         token = mint(rid, self.settings.gateway_secret)
         values = {"rollout_id": rid, "run_id": self.config.run_id, "task_id": launch.task_id,
@@ -127,12 +140,7 @@ class Controller:
         env.update(OPENAI_BASE_URL=f"{url}/v1", OPENAI_API_KEY=token, ANTHROPIC_BASE_URL=url,
                    ANTHROPIC_API_KEY=token, TETHER_ROLLOUT_ID=rid, TETHER_RUN_ID=self.config.run_id,
                    TETHER_TASK=json.dumps(launch.task), TETHER_REWARD_URL=f"{url}/rollouts/{rid}/reward")
-        argv = [fill(a, values, launch.task) for a in self.config.harness.command or []]
-        job = fill_all(self.job_template, values, launch.task) if self.job_template is not None else None
-        if self.config.runner == "local":
-            env = {**os.environ, **env}
-        spec = Spec(rid, self.config.run_id, launch.task_id, launch.attempt, argv or None, job, env,
-                    self.config.run_dir / f"{rid}.log", self.config.harness.workdir)
+        spec = self.spec_of(self._base(launch, env), lambda obj: fill_all(obj, values, launch.task))
         self._specs[rid] = spec
         return spec
 
@@ -140,10 +148,9 @@ class Controller:
         try:
             spec = self._spec(launch)
         except ConfigError as exc:  # e.g. a placeholder the task lacks: this rollout cannot run
-            spec = Spec(launch.rollout_id, self.config.run_id, launch.task_id, launch.attempt, None, None, {},
-                        self.config.run_dir / f"{launch.rollout_id}.log")
             started = await self._started(launch)
-            await self._finish(spec, Exit("exited", None, str(exc)), started.started_at, failed=True)
+            await self._finish(self._base(launch, {}), Exit("exited", None, str(exc)), started.started_at,
+                               failed=True)
             return
         await self.admin.register(launch.rollout_id, self.config.run_id)
         started = await self._started(launch)
@@ -166,7 +173,7 @@ class Controller:
         self._apply(started)
         return started
 
-    def _watch(self, spec: Spec, started_at: datetime) -> None:
+    def _watch(self, spec: S, started_at: datetime) -> None:
         task = asyncio.create_task(self._supervise(spec, started_at))
         self._tasks[spec.rollout_id] = task
 
@@ -179,7 +186,7 @@ class Controller:
 
         task.add_done_callback(done)
 
-    async def _supervise(self, spec: Spec, started_at: datetime) -> None:
+    async def _supervise(self, spec: S, started_at: datetime) -> None:
         elapsed = (datetime.now(UTC) - started_at).total_seconds()
         outcome = await self.runner.wait(spec, self.config.timeout_s - elapsed)
         await self._finish(spec, outcome, started_at)

@@ -4,6 +4,7 @@ Kubernetes Jobs on FakeKubeAPI (a fake API server)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from controller.config import Kubernetes
 from controller.errors import LaunchError
-from controller.runners.base import Exit, Runner, Spec
+from controller.runners.base import Exit, JobSpec, ProcessSpec, Runner, Spec
 from controller.runners.kubernetes import KubernetesRunner, build_job, job_name
 from controller.runners.local import LocalRunner
 
@@ -24,7 +25,7 @@ IGNORE_TERM_AND_SLEEP = "import signal, time; signal.signal(signal.SIGTERM, sign
 
 
 
-MakeRunner = Callable[[float], Runner]
+MakeRunner = Callable[[float], Runner[Any]]
 
 
 @pytest.fixture(params=["local", "local-preload", "kubernetes"])
@@ -36,7 +37,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 def make_runner(kind: str, request: pytest.FixtureRequest) -> MakeRunner:
     run_id = f"run-{uuid.uuid4().hex[:6]}"
 
-    def make(timeout_s: float) -> Runner:
+    def make(timeout_s: float) -> Runner[Any]:
         if kind == "local":
             return LocalRunner(grace_s=1.0)
         if kind == "local-preload":
@@ -45,18 +46,31 @@ def make_runner(kind: str, request: pytest.FixtureRequest) -> MakeRunner:
         return KubernetesRunner(Kubernetes(host=url, creations_per_s=50), run_id, timeout_s, grace_s=1.0)
 
     make.run_id = run_id  # type: ignore[attr-defined]
+    make.kind = kind  # type: ignore[attr-defined]
     return make
 
 
-def spec(tmp_path: Path, make: MakeRunner, argv: list[str], rollout: str | None = None) -> Spec:
-    rid = rollout or f"{make.run_id}.task.r0.a0-{uuid.uuid4().hex[:4]}"  # type: ignore[attr-defined]
+def _shared(tmp_path: Path, run_id: str, rollout: str | None) -> dict[str, Any]:
+    rid = rollout or f"{run_id}.task.r0.a0-{uuid.uuid4().hex[:4]}"
+    return {"rollout_id": rid, "run_id": run_id, "task_id": "task", "attempt": 0,
+            "env": {"TETHER_ROLLOUT_ID": rid, "PATH": os.environ["PATH"]}, "log_path": tmp_path / f"{rid}.log"}
+
+
+def process_spec(tmp_path: Path, run_id: str, argv: list[str], rollout: str | None = None) -> ProcessSpec:
+    return ProcessSpec(**_shared(tmp_path, run_id, rollout), argv=argv)
+
+
+def spec(tmp_path: Path, make: MakeRunner, argv: list[str], rollout: str | None = None) -> ProcessSpec | JobSpec:
+    """The kind of spec the runner `make` makes runs: a process for the local runners, a Job for Kubernetes."""
+    run_id: str = make.run_id  # type: ignore[attr-defined]
+    if make.kind != "kubernetes":  # type: ignore[attr-defined]
+        return process_spec(tmp_path, run_id, argv, rollout)
     job = {"apiVersion": "batch/v1", "kind": "Job", "spec": {"template": {"spec": {
         "containers": [{"name": "harness", "image": "python:3.11", "command": argv}]}}}}
-    env = {"TETHER_ROLLOUT_ID": rid, "PATH": os.environ["PATH"]}
-    return Spec(rid, make.run_id, "task", 0, argv, job, env, tmp_path / f"{rid}.log")  # type: ignore[attr-defined]
+    return JobSpec(**_shared(tmp_path, run_id, rollout), job=job)
 
 
-async def run(runner: Runner, s: Spec, timeout_s: float = 30) -> Exit:
+async def run(runner: Runner[Any], s: Spec, timeout_s: float = 30) -> Exit:
     try:
         await runner.start(s)
         return await runner.wait(s, timeout_s)
@@ -132,7 +146,8 @@ def test_jobs_carry_the_rollout(tmp_path: Path) -> None:
                 "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "OnFailure", "containers": [
                     {"name": "a", "image": "x", "env": [{"name": "OPENAI_API_KEY", "value": "stale"},
                                                         {"name": "KEEP", "value": "1"}]}]}}}}
-    s = Spec("Run.Task/1.r0.a2", "Run", "Task/1", 2, None, template, env, tmp_path / "log")
+    s = JobSpec(rollout_id="Run.Task/1.r0.a2", run_id="Run", task_id="Task/1", attempt=2, env=env,
+                log_path=tmp_path / "log", job=template)
     job = build_job(s, "agents", timeout_s=90.5, ttl_s=600)
     assert job["metadata"]["name"] == job_name(s.rollout_id) and len(job["metadata"]["name"]) <= 63
     assert job["metadata"]["labels"]["team"] == "agents"
@@ -162,12 +177,10 @@ async def test_a_preloaded_harness_runs_as_its_own_program(tmp_path: Path) -> No
         "if sys.argv[1] == 'die':\n"
         "    os.kill(os.getpid(), 9)\n"
         "sys.exit(child)\n")
-    make: Any = lambda _: None  # noqa: E731
-    make.run_id = "preload"
     outcomes = []
     for word in ("live", "die"):
-        s = spec(tmp_path, make, [sys.executable, str(tmp_path / "agent.py"), word])
-        s = Spec(**{**s.__dict__, "workdir": tmp_path / "work"})
+        s = process_spec(tmp_path, "preload", [sys.executable, str(tmp_path / "agent.py"), word])
+        s = dataclasses.replace(s, workdir=tmp_path / "work")
         outcomes.append((await run(LocalRunner(grace_s=1.0, preload=["decimal"]), s), s))
     (live, s), (died, _) = outcomes
     assert (live.status, live.exit_code) == ("exited", 4) and (died.status, died.exit_code) == ("exited", 137)
@@ -177,7 +190,30 @@ async def test_a_preloaded_harness_runs_as_its_own_program(tmp_path: Path) -> No
 
 
 async def test_a_module_that_cannot_be_preloaded_is_a_launch_error_naming_it(tmp_path: Path) -> None:
-    make: Any = lambda _: None  # noqa: E731
-    make.run_id = "preload"
     with pytest.raises(LaunchError, match="import no_such_module_here: ModuleNotFoundError"):
-        await run(LocalRunner(preload=["no_such_module_here"]), spec(tmp_path, make, [sys.executable, "-c", "pass"]))
+        await run(LocalRunner(preload=["no_such_module_here"]),
+                  process_spec(tmp_path, "preload", [sys.executable, "-c", "pass"]))
+
+
+def test_each_runner_is_given_its_own_kind_of_spec(tmp_path: Path) -> None:
+    """A local run gets argv, workdir and the controller's environment beneath the run's; a Job gets its filled
+    template and only the run's environment (the pod has its own)."""
+    from controller.config import Harness
+    from controller.main import job_specs, process_specs
+    from controller.placeholders import fill_all
+
+    base = Spec(rollout_id="r.t.r0.a0", run_id="r", task_id="t", attempt=0, env={"TETHER_ROLLOUT_ID": "r.t.r0.a0"},
+                log_path=tmp_path / "r.t.r0.a0.log")
+    values = {"rollout_id": base.rollout_id, "run_id": "r", "task_id": "t", "group_id": "g", "attempt": 0}
+    task = {"id": "t", "prompt": "hi"}
+
+    def fill_in(obj: Any) -> Any:
+        return fill_all(obj, values, task)
+
+    local = process_specs(Harness(command=["agent", "{task.prompt}", "{rollout_id}"], workdir=tmp_path))(base, fill_in)
+    assert (local.argv, local.workdir, local.rollout_id) == (["agent", "hi", "r.t.r0.a0"], tmp_path, "r.t.r0.a0")
+    assert local.env == {**os.environ, "TETHER_ROLLOUT_ID": "r.t.r0.a0"}
+    template = {"kind": "Job", "metadata": {"labels": {"task": "{task_id}"}}}
+    job = job_specs(template)(base, fill_in)
+    assert job.job == {"kind": "Job", "metadata": {"labels": {"task": "t"}}} and job.env == base.env
+    assert template["metadata"]["labels"]["task"] == "{task_id}"  # type: ignore[index]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -13,11 +15,40 @@ from rich.table import Table
 
 from tether.cli_support import console, fail, failing_cleanly, load_settings, progress_bar
 
+if TYPE_CHECKING:
+    from controller.plan import RunView
+    from trainer.checkpoint import TrainerState
+
 controller_app = typer.Typer(help="The rollout controller: runs K harness rollouts per task.", no_args_is_help=True)
 rollouts_app = typer.Typer(help="Rollouts of a run, as tether.rollouts records them.", no_args_is_help=True)
 processors_app = typer.Typer(help="Stream processors: calls joined to rollouts, task groups, analytics sink.",
                              no_args_is_help=True)
 trainer_app = typer.Typer(help="The trainer: task groups in, weight versions out.", no_args_is_help=True)
+
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+def _config_or_exit(load: Callable[[Path], C], path: Path, error: type[Exception]) -> C:
+    """A service's YAML file; an invalid one exits 2 with the error (it names the file and the field)."""
+    try:
+        return load(path)
+    except error as exc:
+        fail(str(exc), 2)
+
+
+def _run_with_bar(title: str, total: int | None, detail: str, error: type[Exception],
+                  main: Callable[[Callable[..., None]], Coroutine[Any, Any, T]]) -> T:
+    """Run a service to its end under a progress bar; `main` gets the bar's update. Its own errors (`error`) and
+    the bus's become one line on stderr and exit code 1."""
+    progress = progress_bar()
+    bar = progress.add_task(title, total=total, detail=detail)
+    with failing_cleanly(), progress:
+        try:
+            return asyncio.run(main(functools.partial(progress.update, bar)))
+        except error as exc:
+            fail(str(exc))
 
 
 @controller_app.command("run")
@@ -32,26 +63,20 @@ def controller_run(
     from controller.settings import ControllerSettings
 
     settings = load_settings(ControllerSettings)
-    try:
-        cfg = load_config(config)
-    except ControllerError as exc:
-        fail(str(exc), 2)
-    progress = progress_bar()
-    bar = progress.add_task(f"run {cfg.run_id}", total=None, detail="")
+    cfg = _config_or_exit(load_config, config, ControllerError)
 
-    def tick(c: Controller) -> None:
-        finished = [s for s in c.view.rollouts.values() if s.finished is not None]
-        counted = [s for s in finished if s.finished and s.finished.status in ("succeeded", "failed", "timeout")]
-        rewards = [s.finished.reward for s in counted if s.finished and s.finished.reward is not None]
-        mean = f"mean reward {sum(rewards) / len(rewards):.3f}" if rewards else "no rewards yet"
-        progress.update(bar, total=len(c.tasks) * cfg.group_size, completed=len(counted),
-                        detail=f"running {len(c.view.running())} · finished {len(finished)} · {mean}")
+    def main(update: Callable[..., None]) -> Coroutine[Any, Any, RunView]:
+        def tick(c: Controller[Any]) -> None:
+            finished = [s for s in c.view.rollouts.values() if s.finished is not None]
+            counted = [s for s in finished if s.finished and s.finished.status in ("succeeded", "failed", "timeout")]
+            rewards = [s.finished.reward for s in counted if s.finished and s.finished.reward is not None]
+            mean = f"mean reward {sum(rewards) / len(rewards):.3f}" if rewards else "no rewards yet"
+            update(total=len(c.tasks) * cfg.group_size, completed=len(counted),
+                   detail=f"running {len(c.view.running())} · finished {len(finished)} · {mean}")
 
-    with failing_cleanly(), progress:
-        try:
-            view = asyncio.run(run(cfg, settings, tick))
-        except ControllerError as exc:
-            fail(str(exc))
+        return run(cfg, settings, tick)
+
+    view = _run_with_bar(f"run {cfg.run_id}", None, "", ControllerError, main)
     done = sum(1 for t in view.slots if view.group_done(t))
     typer.echo(f"run {cfg.run_id}: {done} task groups done; logs in {cfg.run_dir}", err=True)
 
@@ -172,25 +197,16 @@ def trainer_run(
     from trainer.report import plot_history
 
     bus = load_settings(BusSettings)
-    try:
-        cfg = load_trainer_config(config)
-    except TrainerError as exc:
-        fail(str(exc), 2)
-    progress = progress_bar()
-    bar = progress.add_task(f"updates of {cfg.run_id}", total=cfg.max_updates, detail="waiting for task groups")
+    cfg = _config_or_exit(load_trainer_config, config, TrainerError)
 
-    def tick(m: dict[str, float]) -> None:
-        progress.update(bar, advance=1, detail=f"v{m['version']:.0f} reward {m['mean_reward']:.3f} "
-                                               f"loss {m['loss']:.4f} ({m['task_groups']:.0f} groups)")
+    def main(update: Callable[..., None]) -> Coroutine[Any, Any, TrainerState]:
+        def tick(m: dict[str, float]) -> None:
+            update(advance=1, detail=f"v{m['version']:.0f} reward {m['mean_reward']:.3f} "
+                                     f"loss {m['loss']:.4f} ({m['task_groups']:.0f} groups)")
 
-    trainer = Trainer(cfg, bus, on_update=tick)
-    with failing_cleanly(), progress:
-        try:
-            state = asyncio.run(trainer.run())
-        except TrainerError as exc:
-            fail(str(exc))
+        return Trainer(cfg, bus, on_update=tick).run()
+
+    state = _run_with_bar(f"updates of {cfg.run_id}", cfg.max_updates, "waiting for task groups", TrainerError, main)
     if state.history:
         out = plot_history(state.history, cfg.run_dir / "updates.png", f"run {cfg.run_id}")
         typer.echo(f"{len(state.history)} updates, now version {state.version}; plot: {out}", err=True)
-
-

@@ -26,7 +26,7 @@ from urllib3.exceptions import HTTPError
 
 from controller.config import Kubernetes
 from controller.errors import LaunchError
-from controller.runners.base import Exit, Spec
+from controller.runners.base import Exit, JobSpec
 
 _NOT_STARTED = {"StartError", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "InvalidImageName",
                 "CreateContainerError"}
@@ -47,9 +47,9 @@ def job_name(rollout_id: str) -> str:
     return f"tr-{safe[:50].rstrip('-')}-{hashlib.sha256(rollout_id.encode()).hexdigest()[:8]}"
 
 
-def build_job(spec: Spec, namespace: str, timeout_s: float, ttl_s: int) -> dict[str, Any]:
+def build_job(spec: JobSpec, namespace: str, timeout_s: float, ttl_s: int) -> dict[str, Any]:
     """The Job for one rollout from its filled template (pure: tested without a cluster)."""
-    job = copy.deepcopy(spec.job) if spec.job is not None else {}
+    job = copy.deepcopy(spec.job)
     labels = dict(zip(LABELS, (_label(spec.run_id), _label(spec.rollout_id), _label(spec.task_id),
                                str(spec.attempt)), strict=True))
     meta = job.setdefault("metadata", {})
@@ -125,7 +125,7 @@ class KubernetesRunner:
 
     # -- the runner interface ------------------------------------------------------
 
-    async def start(self, spec: Spec) -> None:
+    async def start(self, spec: JobSpec) -> None:
         self._ensure_watch()
         body = build_job(spec, self.settings.namespace, self.timeout_s, self.settings.ttl_s)
         async with self._create_lock:  # the creation rate limit
@@ -141,7 +141,7 @@ class KubernetesRunner:
         except (HTTPError, OSError) as exc:
             raise LaunchError(f"the Kubernetes API is unreachable: {exc}") from exc
 
-    async def attach(self, spec: Spec) -> bool:
+    async def attach(self, spec: JobSpec) -> bool:
         self._ensure_watch()
         try:
             await asyncio.to_thread(self.batch.read_namespaced_job, job_name(spec.rollout_id),
@@ -159,7 +159,7 @@ class KubernetesRunner:
                 return c.type, c.reason or ""
         return None
 
-    async def wait(self, spec: Spec, timeout_s: float) -> Exit:
+    async def wait(self, spec: JobSpec, timeout_s: float) -> Exit:
         self._ensure_watch()
         assert self._changed is not None
         name = job_name(spec.rollout_id)
@@ -187,7 +187,7 @@ class KubernetesRunner:
         code = terminated.exit_code if terminated is not None else (0 if kind == "Complete" else None)
         return Exit("exited", code, None if kind == "Complete" else reason)
 
-    async def _collect(self, spec: Spec, name: str) -> Any:
+    async def _collect(self, spec: JobSpec, name: str) -> Any:
         """The pod's terminated state, and its log copied to the rollout's log file."""
         pods = await asyncio.to_thread(self.core.list_namespaced_pod, self.settings.namespace,
                                        label_selector=f"job-name={name}")
@@ -207,7 +207,7 @@ class KubernetesRunner:
             await asyncio.to_thread(self.batch.delete_namespaced_job, name, self.settings.namespace,
                                     propagation_policy="Background")
 
-    async def cancel(self, spec: Spec) -> None:
+    async def cancel(self, spec: JobSpec) -> None:
         name = job_name(spec.rollout_id)
         self._cancelled.add(name)
         await self._delete(name)

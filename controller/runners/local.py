@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from controller.errors import LaunchError
-from controller.runners.base import Exit, Spec
+from controller.runners.base import Exit, ProcessSpec
 from infra.processes import running_pid, stop_group_async, write_pid_file
 
 _WRAPPER = ('f=$1; shift; "$@"; code=$?; printf %s "$code" > "$f.tmp" && mv "$f.tmp" "$f"; exit $code')
@@ -92,11 +92,11 @@ class LocalRunner:
         self._zygotes: dict[str, _Zygote] = {}
 
     @staticmethod
-    def _files(spec: Spec) -> tuple[Path, Path]:
+    def _files(spec: ProcessSpec) -> tuple[Path, Path]:
         folder = spec.log_path.parent  # rollout ids have dots: no with_suffix
         return folder / f"{spec.rollout_id}.pid", folder / f"{spec.rollout_id}.exit"
 
-    async def start(self, spec: Spec) -> None:
+    async def start(self, spec: ProcessSpec) -> None:
         if not spec.argv:
             raise LaunchError(f"{spec.rollout_id}: no harness command")
         executable = shutil.which(spec.argv[0], path=spec.env.get("PATH", os.defpath))
@@ -121,8 +121,7 @@ class LocalRunner:
         self._children[spec.rollout_id] = process
         write_pid_file(pid_file, process.pid)
 
-    async def _fork(self, spec: Spec, interpreter: str, exit_file: Path) -> int:
-        assert spec.argv is not None
+    async def _fork(self, spec: ProcessSpec, interpreter: str, exit_file: Path) -> int:
         zygote = self._zygotes.get(interpreter)
         if zygote is None or zygote.process.returncode is not None:
             zygote = self._zygotes[interpreter] = await _Zygote.start(interpreter, self.preload, spec.env)
@@ -131,14 +130,14 @@ class LocalRunner:
                                   "exit": os.path.join(here, exit_file),
                                   "cwd": os.path.join(here, spec.workdir) if spec.workdir else None})
 
-    def _running(self, spec: Spec) -> bool:
+    def _running(self, spec: ProcessSpec) -> bool:
         """Its process exists, a zombie included: the exit file may not be written yet."""
         return running_pid(self._files(spec)[0]) is not None
 
-    async def attach(self, spec: Spec) -> bool:
+    async def attach(self, spec: ProcessSpec) -> bool:
         return self._running(spec) or self._files(spec)[1].exists()
 
-    async def _exit_code(self, spec: Spec) -> int | None:
+    async def _exit_code(self, spec: ProcessSpec) -> int | None:
         child = self._children.get(spec.rollout_id)
         if child is not None:
             return await child.wait()
@@ -149,7 +148,7 @@ class LocalRunner:
         except (OSError, ValueError):
             return None
 
-    async def wait(self, spec: Spec, timeout_s: float) -> Exit:
+    async def wait(self, spec: ProcessSpec, timeout_s: float) -> Exit:
         try:
             try:
                 code = await asyncio.wait_for(self._exit_code(spec), max(timeout_s, 0.0))
@@ -166,7 +165,7 @@ class LocalRunner:
         finally:
             self._children.pop(spec.rollout_id, None)
 
-    async def _stop(self, spec: Spec) -> None:
+    async def _stop(self, spec: ProcessSpec) -> None:
         """TERM to the whole group, KILL after the grace period; reaps the child if it is ours."""
         pgid = running_pid(self._files(spec)[0])  # the harness leads its own session: pid = group id
         if pgid is None:
@@ -176,7 +175,7 @@ class LocalRunner:
         if child is not None:
             await child.wait()
 
-    async def cancel(self, spec: Spec) -> None:
+    async def cancel(self, spec: ProcessSpec) -> None:
         self._cancelled.add(spec.rollout_id)
         await self._stop(spec)
 
