@@ -134,12 +134,9 @@ async def starts(bus: BusSettings, run_id: str) -> Counter[str]:
     """How often each rollout of the run was started, as the topic says."""
     started = Counter[str]()
     async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.ROLLOUTS], dlq) as consumer:
-        ends = await consumer.end_offsets()
-        async for batch in consumer.batches(timeout_ms=200):
-            started.update(r.event.rollout_id for r in batch
-                           if isinstance(r.event, RolloutStarted) and r.event.run_id == run_id)
-            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
-                break
+        async for r in consumer.read_to_end():
+            if isinstance(r.event, RolloutStarted) and r.event.run_id == run_id:
+                started[r.event.rollout_id] += 1
     return started
 
 
