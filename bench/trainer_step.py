@@ -72,7 +72,7 @@ def main() -> None:
                 metrics = update(model, optimizer, batch, step, version=0)
                 times.append(time.perf_counter() - started)
             seconds = statistics.median(times)
-            rows.append((name, batch.batch["input_ids"].shape, cells, real, seconds, metrics["tokens"]))
+            rows.append((name, batch.batch["input_ids"].shape, cells, real, seconds, metrics.tokens))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

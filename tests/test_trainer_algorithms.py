@@ -171,7 +171,7 @@ def test_an_update_moves_the_policy_toward_the_rewarded_rollout(tiny_model: Path
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(5):
         metrics = update(model, optimizer, good_vs_bad(model), StepConfig(), version=0)
-        assert metrics["tokens"] == 6 and metrics["task_groups"] == 1 and metrics["optimizer_steps"] == 1
+        assert metrics.tokens == 6 and metrics.task_groups == 1 and metrics.optimizer_steps == 1
     assert response_log_prob(model, GOOD) > before_good + 0.5
     assert response_log_prob(model, BAD) < before_bad - 0.5
 
@@ -185,7 +185,7 @@ def test_epochs_and_mini_batches_reuse_a_batch_against_a_fixed_proximal_policy(t
         metrics = update(model, torch.optim.AdamW(model.parameters(), lr=3e-2), good_vs_bad(model), config,
                          version=0)
         gains[name] = response_log_prob(model, GOOD) - before
-        assert metrics["optimizer_steps"] == config.epochs * config.mini_batches
+        assert metrics.optimizer_steps == config.epochs * config.mini_batches
         # one step starts at π_prox (ratio 1, nothing clipped); later steps move away from it and get clipped
-        assert (metrics["clip_fraction"] > 0) == (name == "reused")
+        assert (metrics.clip_fraction > 0) == (name == "reused")
     assert gains["reused"] > gains["once"] > 0

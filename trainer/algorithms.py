@@ -1,4 +1,4 @@
-"""Task-level advantages, loss normalisation and the PPO objective (DESIGN.md, Algorithms). Pure tensor code.
+"""Task-level advantages, loss normalisation and the PPO objective (docs/architecture.md). Pure tensor code.
 
 verl supplies what it has: the GRPO estimator, the clipped surrogate
 (`compute_policy_loss_vanilla`), `agg_loss`, `kl_penalty`. Written here is
@@ -55,7 +55,7 @@ def per_task_weights(tokens: list[list[int]]) -> list[list[float]]:
             for g, group in enumerate(tokens)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LossConfig:
     mode: LossMode = "per-task"
     clip_low: float = 0.2

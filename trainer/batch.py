@@ -48,7 +48,7 @@ def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_varia
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Piece:
     tokens: list[int]
     targets: list[int]
@@ -70,8 +70,10 @@ def _pieces(groups: list[TaskGroup], normalise_by_std: bool, mode: LossMode) -> 
             for s in rollout.segments:
                 if len(s.token_ids) < 2:
                     continue
-                pieces.append(_Piece(s.token_ids[:-1], s.token_ids[1:], [float(m) for m in s.loss_mask[1:]],
-                                     s.logprobs[1:], s.weight_versions[1:], group_advantages[r], weights[g][r]))
+                pieces.append(_Piece(tokens=s.token_ids[:-1], targets=s.token_ids[1:],
+                                     mask=[float(m) for m in s.loss_mask[1:]], behaviour=s.logprobs[1:],
+                                     versions=s.weight_versions[1:], advantage=group_advantages[r],
+                                     weight=weights[g][r]))
     return pieces
 
 

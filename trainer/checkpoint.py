@@ -12,33 +12,33 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import PreTrainedModel
 
-
-@dataclass
+@dataclass(kw_only=True)
 class TrainerState:
+    """Where the run stands; committed with every checkpoint, so a restart resumes exactly here."""
     version: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # "partition" → next offset of tether.samples
     trained: dict[str, int] = field(default_factory=dict)  # task group id → the version its update produced
     history: list[dict[str, float]] = field(default_factory=list)  # metrics per update
 
 
-def stage(root: Path, model: PreTrainedModel, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
-    """Everything written and synced in a staging folder; the engine can load the weights from it."""
+def stage(root: Path, state: TrainerState, write: Callable[[Path], None]) -> Path:
+    """Everything written and synced in a staging folder: `write` puts the backend's weights and optimiser
+    there (for the torch learner, files the engine can load), then the state goes beside them."""
     staging = root / f".staging-v{state.version:06d}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    model.save_pretrained(staging, safe_serialization=True)  # config + model.safetensors: loadable anywhere
-    torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+    write(staging)
     (staging / "state.json").write_text(json.dumps(asdict(state)))
-    for path in staging.iterdir():
-        with path.open("rb") as f:
-            os.fsync(f.fileno())
+    for path in sorted(staging.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
     return staging
 
 

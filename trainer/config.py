@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from schemas.config_file import load_model
 from trainer.errors import ConfigError
@@ -38,7 +38,18 @@ class TrainerConfig(BaseModel):
     mini_batches: int = Field(1, ge=1, description="Optimiser steps per pass, each on a share of the rows.")
     drain_timeout_s: float = Field(120.0, gt=0, description="How long to wait for every gateway to drain.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["torch", "verl"] = Field(
+        "torch", description="What runs the update: the embedded torch learner, or verl's worker group (a Ray "
+                             "cluster with GPUs, whose vLLM replicas take the new weights themselves).")
     seed: int = 0
+
+    @field_validator("backend")
+    @classmethod
+    def _one_engine(cls, backend: str, info: ValidationInfo) -> str:
+        if backend == "verl" and info.data.get("engine_url") is not None:
+            raise ValueError("the verl backend loads the new weights into its own vLLM replicas: leave engine_url "
+                             "unset")
+        return backend
 
     @property
     def run_dir(self) -> Path:

@@ -2,14 +2,16 @@
 checkpoint → resume. Agents keep running between updates; it reads top to bottom.
 
     tether.samples ──► buffer ──B groups──► UpdateRequested{v+1} ──► GatewayDrained{v+1} from every gateway
-        ──► update (torch) ──► engine loads v+1 ──► checkpoint (with the sample offsets) ──► TrainerStep,
+        ──► update (the backend) ──► engine loads v+1 ──► checkpoint (with the sample offsets) ──► TrainerStep,
         WeightVersionPublished{v+1} ──► gateways release held calls
 
-On start it resumes from the latest checkpoint: the model, the optimiser, the
-version, and the offsets of tether.samples just past the groups the last
-update used. An update interrupted by a crash is settled first: if its
-checkpoint was committed its version is published, otherwise it is aborted
-and the engine gets the checkpoint's weights back.
+The update itself is the backend's (`trainer/backend.py`: the embedded torch
+learner, or verl's workers); the loop owns the handshake, the batches and the
+commit. On start it resumes from the latest checkpoint: the weights, the
+optimiser, the version, and the offsets of tether.samples just past the
+groups the last update used. An update interrupted by a crash is settled
+first: if its checkpoint was committed its version is published, otherwise it
+is aborted and the engine gets the checkpoint's weights back.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import torch
 from aiokafka import TopicPartition
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer
@@ -35,7 +35,6 @@ from schemas.events import (
     GatewayJoined,
     GatewayLeft,
     TaskGroup,
-    TrainerStep,
     UpdateAborted,
     UpdateRequested,
     WeightVersionPublished,
@@ -44,17 +43,18 @@ from schemas.events import (
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from trainer import checkpoint
-from trainer.algorithms import LossConfig
-from trainer.batch import build_batch, select
+from trainer.backend import UpdateBackend, open_backend
+from trainer.batch import select
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.errors import DrainTimeout, EngineError
-from trainer.step import StepConfig, update
+from trainer.learner import pick_device
+from trainer.metrics import UpdateRecord
 
 log = logging.getLogger("tether.trainer")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Control:
     """The run's side of tether.control as the trainer needs it: who must drain, who did, what is pending."""
     run_id: str
@@ -84,41 +84,59 @@ class Control:
         return self.requested if self.requested > self.settled else None
 
 
-def pick_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(choice)
+class EngineLink:
+    """The engine each new version is loaded into (collocated mode); without an `engine_url` loading does nothing."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self._client = httpx.AsyncClient(base_url=url, timeout=600) if url else None
+
+    async def load(self, folder: Path, version: int) -> None:
+        if self._client is None:
+            return
+        try:
+            response = await self._client.post("/v1/weights/load", json={"path": str(folder), "version": version})
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine {self.url} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise EngineError(f"engine refused version {version}: {response.status_code} {response.text[:300]}")
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+@dataclass(kw_only=True)
+class Session:
+    """What one `Trainer.run` holds open, handed to its steps as one value."""
+    backend: UpdateBackend
+    state: TrainerState
+    producer: EventProducer
+    engine: EngineLink
 
 
 class Trainer:
+    """The loop of one run. Without a `backend` it opens the one the config names (`open_backend`); a given
+    backend must already hold the latest checkpoint's weights. `on_update` gets each update's history row."""
+
     def __init__(self, config: TrainerConfig, bus: BusSettings,
-                 on_update: Callable[[dict[str, float]], None] | None = None) -> None:
-        self.config, self.bus, self.on_update = config, bus, on_update
-        self.control = Control(config.run_id)
+                 on_update: Callable[[dict[str, float]], None] | None = None, *,
+                 backend: UpdateBackend | None = None) -> None:
+        self.config, self.bus, self.on_update, self.backend = config, bus, on_update, backend
+        self.control = Control(run_id=config.run_id)
         self.device = pick_device(config.device)
         self._caught_up = asyncio.Event()
 
     # -- start-up ------------------------------------------------------------------
 
-    def _load(self) -> tuple[PreTrainedModel, torch.optim.Optimizer, TrainerState, PreTrainedModel | None]:
-        torch.manual_seed(self.config.seed)
+    def _open(self) -> tuple[UpdateBackend, TrainerState]:
         found = checkpoint.latest(self.config.run_dir)
-        source = found or self.config.model
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="sdpa")
-        model.to(self.device)  # type: ignore[arg-type]  # transformers' typing of .to rejects a device
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay)
+        backend = self.backend or open_backend(self.config, self.device, found)
         state = TrainerState()
         if found is not None:
-            optimizer.load_state_dict(torch.load(found / "optimizer.pt", map_location=self.device))
             state = checkpoint.load_state(found)
             log.info("resuming from %s (version %d)", found, state.version)
-        reference = None
-        if self.config.kl_coef > 0:
-            reference = AutoModelForCausalLM.from_pretrained(self.config.model, dtype=torch.float32,
-                                                             attn_implementation="sdpa")
-            reference.to(self.device).eval()  # type: ignore[arg-type]
-            reference.requires_grad_(False)
-        return model, optimizer, state, reference
+        return backend, state
 
     async def _follow_control(self, producer: EventProducer) -> None:
         async with EventConsumer(self.bus, [topics.CONTROL], producer, name=f"trainer-{self.config.run_id}") as c:
@@ -128,65 +146,51 @@ class Trainer:
                 else:
                     self.control.apply(item.event)
 
-    async def _engine_load(self, engine: httpx.AsyncClient | None, folder: Path, version: int) -> None:
-        if engine is None:
-            return
-        try:
-            response = await engine.post("/v1/weights/load", json={"path": str(folder), "version": version})
-        except httpx.HTTPError as exc:
-            raise EngineError(f"engine {self.config.engine_url} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise EngineError(f"engine refused version {version}: {response.status_code} {response.text[:300]}")
-
-    async def _settle(self, producer: EventProducer, engine: httpx.AsyncClient | None, state: TrainerState) -> None:
+    async def _settle(self, run: Session) -> None:
         """An update a crash interrupted: publish it if its checkpoint was committed, else abort it."""
         pending = self.control.pending
         found = checkpoint.latest(self.config.run_dir)
         if found is not None:
-            await self._engine_load(engine, found, state.version)  # the engine may hold a newer, uncommitted one
+            await run.engine.load(found, run.state.version)  # the engine may hold a newer, uncommitted one
         if pending is None:
             return
-        if pending == state.version:
-            await producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=state.version,
-                                                          checkpoint_path=str(found)))
+        if pending == run.state.version:
+            await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=run.state.version,
+                                                              checkpoint_path=str(found)))
         else:
-            await producer.publish(UpdateAborted(run_id=self.config.run_id, version=pending,
-                                                 reason="the trainer restarted before committing this update"))
+            await run.producer.publish(UpdateAborted(run_id=self.config.run_id, version=pending,
+                                                     reason="the trainer restarted before committing this update"))
 
     # -- the loop ------------------------------------------------------------------
 
     async def run(self) -> TrainerState:
-        model, optimizer, state, reference = await asyncio.to_thread(self._load)
+        backend, state = await asyncio.to_thread(self._open)
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
-        step_config = StepConfig(self.config.temperature, self.config.max_grad_norm,
-                                 rows_per_micro_batch=self.config.rows_per_micro_batch, epochs=self.config.epochs,
-                                 mini_batches=self.config.mini_batches, loss=LossConfig(
-            mode=self.config.loss_mode, clip_low=self.config.clip_low, clip_high=self.config.clip_high,
-            is_cap=self.config.is_cap, kl_coef=self.config.kl_coef))
-        engine = httpx.AsyncClient(base_url=self.config.engine_url, timeout=600) if self.config.engine_url else None
+        engine = EngineLink(self.config.engine_url)
         async with EventProducer(self.bus, client_id=f"trainer-{self.config.run_id}") as producer:
+            run = Session(backend=backend, state=state, producer=producer, engine=engine)
             follower = asyncio.create_task(self._follow_control(producer))
             try:
                 await self._caught_up.wait()
-                await self._settle(producer, engine, state)
-                if self._done(state):
-                    return state
-                async with EventConsumer(self.bus, [topics.SAMPLES], producer,
-                                         name=f"trainer-{self.config.run_id}") as samples:
-                    for tp in list(samples.assignment()):
-                        samples.seek(tp, state.offsets.get(str(tp.partition), 0))
-                    await self._consume(samples, producer, engine, model, optimizer, state, reference, step_config)
+                await self._settle(run)
+                if not self._done(state):
+                    await self._train(run)
             finally:
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
-                if engine is not None:
-                    await engine.aclose()
+                await engine.aclose()
         return state
 
-    async def _consume(self, samples: EventConsumer, producer: EventProducer, engine: httpx.AsyncClient | None,
-                       model: PreTrainedModel, optimizer: torch.optim.Optimizer, state: TrainerState,
-                       reference: PreTrainedModel | None, step_config: StepConfig) -> None:
+    async def _train(self, run: Session) -> None:
+        async with EventConsumer(self.bus, [topics.SAMPLES], run.producer,
+                                 name=f"trainer-{self.config.run_id}") as samples:
+            for tp in list(samples.assignment()):
+                samples.seek(tp, run.state.offsets.get(str(tp.partition), 0))
+            await self._consume(samples, run)
+
+    async def _consume(self, samples: EventConsumer, run: Session) -> None:
+        state = run.state
         buffer: list[tuple[TaskGroup, TopicPartition, int]] = []
         queued: set[str] = set()
         async for batch in samples.batches(timeout_ms=200):
@@ -202,8 +206,7 @@ class Trainer:
                 taken, buffer = buffer[:self.config.batch_groups], buffer[self.config.batch_groups:]
                 for _, tp, offset in taken:  # resume just past what this update used
                     state.offsets[str(tp.partition)] = max(state.offsets.get(str(tp.partition), 0), offset + 1)
-                await self._update(producer, engine, model, optimizer, state, reference, step_config,
-                                   [g for g, _, _ in taken])
+                await self._update(run, [g for g, _, _ in taken])
                 queued.difference_update(g.group_id for g, _, _ in taken)
                 if self._done(state):
                     return
@@ -211,44 +214,38 @@ class Trainer:
     def _done(self, state: TrainerState) -> bool:
         return self.config.max_updates is not None and len(state.history) >= self.config.max_updates
 
-    async def _update(self, producer: EventProducer, engine: httpx.AsyncClient | None, model: PreTrainedModel,
-                      optimizer: torch.optim.Optimizer, state: TrainerState, reference: PreTrainedModel | None,
-                      step_config: StepConfig, groups: list[TaskGroup]) -> None:
+    async def _update(self, run: Session, groups: list[TaskGroup]) -> None:
+        """One update: request it, wait for the gateways to drain, train, commit, publish."""
+        state = run.state
         version = state.version + 1
         chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance)
+        await run.producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
+                                                   n_task_groups=len(chosen.groups)))
+        await self._wait_drained(run.producer, version)
+        # nothing chosen, nothing learnt: the version still advances, so the record stays one update per batch
+        metrics = await asyncio.to_thread(run.backend.update, chosen.groups, state.version)
         rewards = [r.reward for g in groups for r in g.rollouts]
-        await producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
-                                               n_task_groups=len(chosen.groups)))
-        await self._wait_drained(producer, version)
-        if chosen.groups:
-            batch = build_batch(chosen.groups, self.config.row_tokens, normalise_by_std=self.config.normalise_by_std,
-                                mode=self.config.loss_mode)
-            metrics = await asyncio.to_thread(update, model, optimizer, batch, step_config, state.version, reference)
-        else:  # nothing to learn from: the version still advances, so the record stays one update per batch
-            metrics = {k: 0.0 for k in ("loss", "entropy", "clip_fraction", "kl", "grad_norm", "tokens",
-                                        "staleness_mean", "staleness_max", "seconds")}
-        metrics.update(version=float(version), mean_reward=sum(rewards) / max(len(rewards), 1),
-                       task_groups=float(len(chosen.groups)), dropped_stale=float(chosen.stale),
-                       dropped_no_signal=float(chosen.no_signal), time=time.time())
+        record = UpdateRecord(version=version, metrics=metrics, mean_reward=sum(rewards) / max(len(rewards), 1),
+                              dropped_stale=chosen.stale, dropped_no_signal=chosen.no_signal, time=time.time())
+        row = record.row()
         state.version = version
-        state.history.append(metrics)
+        state.history.append(row)
         for g in groups:
             state.trained[g.group_id] = version
-        staging = await asyncio.to_thread(checkpoint.stage, self.config.run_dir, model, optimizer, state)
-        await self._engine_load(engine, staging, version)
-        final = await asyncio.to_thread(checkpoint.commit, self.config.run_dir, staging, version)
-        await producer.publish(TrainerStep(
-            run_id=self.config.run_id, version=version, task_groups=len(chosen.groups), tokens=int(metrics["tokens"]),
-            mean_reward=metrics["mean_reward"], loss=metrics["loss"], entropy=metrics["entropy"],
-            clip_fraction=metrics["clip_fraction"], kl=metrics["kl"], grad_norm=metrics["grad_norm"],
-            staleness_mean=metrics["staleness_mean"], staleness_max=metrics["staleness_max"],
-            dropped_stale=chosen.stale, dropped_no_signal=chosen.no_signal, seconds=metrics["seconds"]))
-        await producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=version,
-                                                      checkpoint_path=str(final)))
+        final = await self._commit(run, version)
+        await run.producer.publish(record.event(self.config.run_id))
+        await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=version,
+                                                          checkpoint_path=str(final)))
         log.info("version %d: %d task groups, loss %.4f, mean reward %.3f", version, len(chosen.groups),
-                 metrics["loss"], metrics["mean_reward"])
+                 metrics.loss, record.mean_reward)
         if self.on_update is not None:
-            self.on_update(metrics)
+            self.on_update(row)
+
+    async def _commit(self, run: Session, version: int) -> Path:
+        """Stage the checkpoint, load it into the engine, then commit it: the update counts from here."""
+        staging = await asyncio.to_thread(run.backend.stage, self.config.run_dir, run.state)
+        await run.engine.load(staging, version)
+        return await asyncio.to_thread(checkpoint.commit, self.config.run_dir, staging, version)
 
     async def _wait_drained(self, producer: EventProducer, version: int) -> None:
         deadline = time.monotonic() + self.config.drain_timeout_s

@@ -19,9 +19,10 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 
 from trainer.algorithms import LossConfig, policy_loss
 from trainer.batch import attention_mask
+from trainer.metrics import UpdateMetrics
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepConfig:
     temperature: float = 1.0  # the sampling temperature: logprobs must be of the distribution that sampled
     max_grad_norm: float = 1.0
@@ -50,7 +51,7 @@ def trimmed(rows: DataProto) -> DataProto:
 
 
 def update(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: DataProto, config: StepConfig,
-           version: int, reference: PreTrainedModel | None = None) -> dict[str, float]:
+           version: int, reference: PreTrainedModel | None = None) -> UpdateMetrics:
     """`epochs` passes of `mini_batches` optimiser steps over the batch; returns the metrics of the steps."""
     started = time.perf_counter()
     device = next(model.parameters()).device
@@ -76,11 +77,13 @@ def update(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: Data
             for key, value in step.items():
                 totals[key] += value
     stale = (version - t["versions"]).float()[mask > 0]
-    return {**{k: v / max(steps, 1) for k, v in totals.items()}, "optimizer_steps": float(steps),
-            "tokens": float(mask.sum()), "task_groups": float(batch.meta_info.get("task_groups", 0)),
-            "staleness_mean": float(stale.mean()) if stale.numel() else 0.0,
-            "staleness_max": float(stale.max()) if stale.numel() else 0.0,
-            "seconds": time.perf_counter() - started}
+    mean = {k: v / max(steps, 1) for k, v in totals.items()}
+    return UpdateMetrics(
+        loss=mean["loss"], entropy=mean["entropy"], clip_fraction=mean["clip_fraction"], kl=mean["kl"],
+        is_weight_mean=mean["is_weight_mean"], grad_norm=mean["grad_norm"], optimizer_steps=steps,
+        tokens=int(mask.sum()), task_groups=int(batch.meta_info.get("task_groups", 0)),
+        staleness_mean=float(stale.mean()) if stale.numel() else 0.0,
+        staleness_max=float(stale.max()) if stale.numel() else 0.0, seconds=time.perf_counter() - started)
 
 
 def _scale(batch: DataProto, mini: DataProto, config: StepConfig) -> float:

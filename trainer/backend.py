@@ -1,0 +1,54 @@
+"""The seam between the loop and whatever updates the policy: the loop is given an `UpdateBackend`.
+
+The loop (`trainer/loop.py`) owns the handshake, the batches and the
+checkpoint's commit; a backend owns the weights: it trains on a batch of task
+groups and writes its weights and optimiser into a staging folder. Two
+implement it, chosen by the trainer config's `backend`:
+
+    torch   the embedded learner (`trainer/learner.py`): model, optimiser and reference in this process
+    verl    verl's actor/rollout worker group (`trainer/verl_backend.py`): FSDP workers on a Ray cluster
+
+`tests/test_trainer_backends.py` holds both to the same contract.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from schemas.events import TaskGroup
+from trainer.checkpoint import TrainerState
+from trainer.config import TrainerConfig
+from trainer.errors import TrainerError
+from trainer.metrics import UpdateMetrics
+
+
+class UpdateBackend(Protocol):
+    """What the loop asks of the thing that trains the policy."""
+
+    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+        """Train on `groups` (the policy is at `version`; staleness is measured from it). No groups: no update,
+        zero metrics, the policy as it was (the loop still advances the version)."""
+        ...
+
+    def stage(self, root: Path, state: TrainerState) -> Path:
+        """Weights, optimiser and `state` written and synced in a staging folder under `root`, for
+        `checkpoint.commit`; restoring from the committed folder is the backend's own constructor's job."""
+        ...
+
+
+def open_backend(config: TrainerConfig, device: torch.device, found: Path | None) -> UpdateBackend:
+    """The backend `config.backend` names, restored from the checkpoint `found` if there is one."""
+    if config.backend == "torch":
+        from trainer.learner import TorchLearner
+
+        return TorchLearner.load(config, device, found)
+    from trainer.verl_backend import verl_config
+
+    verl_config(config, n_gpus=torch.cuda.device_count())  # no GPU: says so
+    raise TrainerError("backend verl: the update runs on verl's actor/rollout worker group, which verl's "
+                       "RayPPOTrainer.init_workers() starts on a Ray cluster; `tether trainer run` does not start "
+                       "one. Give the loop VerlBackend.open(config, workers, checkpoint) as "
+                       "Trainer(config, bus, backend=...)")

@@ -1,0 +1,82 @@
+"""The embedded learner (`backend: torch`): the policy, its optimiser and the KL reference in the trainer's process.
+
+The default update backend, and the one a laptop or a single GPU runs: each
+update packs the task groups into rows (`trainer/batch.py`) and takes the
+optimiser steps of `trainer/step.py`; a checkpoint is a Hugging Face folder
+the engine loads directly, plus the optimiser's state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from schemas.events import TaskGroup
+from trainer import checkpoint, step
+from trainer.algorithms import LossConfig
+from trainer.batch import build_batch
+from trainer.checkpoint import TrainerState
+from trainer.config import TrainerConfig
+from trainer.metrics import UpdateMetrics
+from trainer.step import StepConfig
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def step_config(config: TrainerConfig) -> StepConfig:
+    """The optimiser-step settings of a trainer config."""
+    loss = LossConfig(mode=config.loss_mode, clip_low=config.clip_low, clip_high=config.clip_high,
+                      is_cap=config.is_cap, kl_coef=config.kl_coef)
+    return StepConfig(temperature=config.temperature, max_grad_norm=config.max_grad_norm,
+                      rows_per_micro_batch=config.rows_per_micro_batch, epochs=config.epochs,
+                      mini_batches=config.mini_batches, loss=loss)
+
+
+def _pretrained(source: Path, device: torch.device) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="sdpa")
+    model.to(device)  # type: ignore[arg-type]  # transformers' typing of .to rejects a device
+    return model
+
+
+class TorchLearner:
+    """An `UpdateBackend` on a Hugging Face causal LM held in this process."""
+
+    def __init__(self, *, config: TrainerConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer,
+                 reference: PreTrainedModel | None = None) -> None:
+        self.config, self.model, self.optimizer, self.reference = config, model, optimizer, reference
+        self.step = step_config(config)
+
+    @classmethod
+    def load(cls, config: TrainerConfig, device: torch.device, found: Path | None) -> TorchLearner:
+        """From the checkpoint `found` (weights and optimiser), else from the starting model; the KL reference is
+        always the starting model."""
+        torch.manual_seed(config.seed)
+        model = _pretrained(found or config.model, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        if found is not None:
+            optimizer.load_state_dict(torch.load(found / "optimizer.pt", map_location=device))
+        reference = None
+        if config.kl_coef > 0:
+            reference = _pretrained(config.model, device).eval()
+            reference.requires_grad_(False)
+        return cls(config=config, model=model, optimizer=optimizer, reference=reference)
+
+    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+        if not groups:
+            return UpdateMetrics()
+        batch = build_batch(groups, self.config.row_tokens, normalise_by_std=self.config.normalise_by_std,
+                            mode=self.config.loss_mode)
+        return step.update(self.model, self.optimizer, batch, self.step, version, self.reference)
+
+    def stage(self, root: Path, state: TrainerState) -> Path:
+        return checkpoint.stage(root, state, self._write)
+
+    def _write(self, folder: Path) -> None:
+        self.model.save_pretrained(folder, safe_serialization=True)  # config + model.safetensors: loadable anywhere
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
