@@ -31,6 +31,7 @@ from schemas.events import (
     UpdateAborted,
     UpdateRequested,
     WeightVersionPublished,
+    run_of,
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -52,14 +53,8 @@ def task_groups(run_id: str, n: int, seed: int = 0, prompt_tokens: int = 40) -> 
 
 
 async def control_events(bus: BusSettings, run_id: str) -> list[Event]:
-    found: list[Event] = []
     async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CONTROL], dlq) as consumer:
-        ends = await consumer.end_offsets()
-        async for batch in consumer.batches(timeout_ms=200):
-            found += [r.event for r in batch if getattr(r.event, "run_id", None) == run_id]
-            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
-                return found
-    return found
+        return [r.event async for r in consumer.read_to_end() if run_of(r.event) == run_id]
 
 
 @pytest.fixture(scope="module")
