@@ -1,4 +1,4 @@
-"""What Tether runs beside its services on one machine: the Kafka broker.
-
-ClickHouse DDL and Kubernetes manifests join it with the issues that need them.
+"""What Tether runs beside its services on one machine: the Kafka broker (`kafka/`), the operating-system
+process helpers that the broker's launcher, `tether up` and the controller's local runner share
+(`processes.py`), ClickHouse tables and queries (`clickhouse/`) and Kubernetes examples (`k8s/`).
 """
