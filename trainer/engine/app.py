@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from schemas.validation import first_error
 from trainer.engine.engine import Chunk, Engine
 from trainer.engine.errors import EngineError, ModelNotFound
 from trainer.engine.protocol import Choice, CompletionRequest, Responder, error_body
@@ -52,18 +53,7 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
     async def engine_error(_: Request, exc: EngineError) -> JSONResponse:
         return JSONResponse(error_body(exc.message, exc.type, exc.status, exc.param), status_code=exc.status)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
-            ctx = first.get("ctx")
-            reason = ctx.get("error", first["msg"]) if isinstance(ctx, dict) else first["msg"]
-            message, field = f"malformed JSON body: {reason}", None
-        else:
-            field = ".".join(str(p) for p in first["loc"] if p != "body") or None
-            message = f"{field}: {first['msg']}" if field else str(first["msg"])
-        return JSONResponse(error_body(message, "BadRequestError", 400, field), status_code=400)
-
+    app.exception_handler(RequestValidationError)(_invalid)
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "weight_version": engine.version, "paused": engine.paused,
@@ -110,6 +100,20 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
                             headers={"x-tether-weight-version": str(responder.version)})
 
     return app
+
+
+async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """A bad request as the OpenAI error body: the first problem, named by its field."""
+    errors = exc.errors()
+    first = first_error(errors, skip=("body",))
+    field = first.field
+    if first.type == "json_invalid":
+        ctx = errors[0].get("ctx")
+        reason = ctx.get("error", first.message) if isinstance(ctx, dict) else first.message
+        message, field = f"malformed JSON body: {reason}", None
+    else:
+        message = first.line() if errors else "invalid request"
+    return JSONResponse(error_body(message, "BadRequestError", 400, field), status_code=400)
 
 
 async def _stream(responder: Responder, chunks: AsyncIterator[Chunk], body: CompletionRequest
