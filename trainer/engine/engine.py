@@ -31,7 +31,7 @@ from trainer.engine.sampling import SamplingParams, sample
 from trainer.engine.text import TextStream
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Request:
     """One completion request, already validated against the protocol; n choices share the prompt."""
 
@@ -45,7 +45,7 @@ class Request:
     stream: bool = True  # a chunk per token; otherwise one chunk per choice when it finishes
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Chunk:
     """Tokens of one choice since its previous chunk, with their logprobs and the text they add."""
 
@@ -60,7 +60,7 @@ class Chunk:
     stop_reason: str | int | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class _Submission:
     request: Request
     queue: asyncio.Queue[Chunk | BaseException]
@@ -77,7 +77,7 @@ def _deliver(batch: list[tuple[_Submission, Chunk]]) -> None:
         submission.queue.put_nowait(chunk)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class _Sequence:
     submission: _Submission
     index: int
@@ -155,7 +155,7 @@ class Engine:
     async def generate(self, request: Request) -> AsyncIterator[Chunk]:
         """Chunks of all n choices as they are produced; each says the weight version that produced it."""
         self.check(request)
-        submission = _Submission(request, asyncio.Queue(), asyncio.get_running_loop())
+        submission = _Submission(request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop())
         with self._cond:
             if self._stopping:
                 raise EngineUnavailable("the engine is shutting down")
@@ -246,7 +246,8 @@ class Engine:
             for i in range(sub.request.n):
                 rng = random.Random(seed + i) if seed is not None else self._rng
                 text = TextStream(self.tokenizer, sub.request.stop)
-                admitted.append(_Sequence(sub, i, text, rng, Chunk(i, self.version)))
+                admitted.append(_Sequence(submission=sub, index=i, text=text, rng=rng,
+                                          chunk=Chunk(index=i, version=self.version)))
         if admitted:
             self._idle.clear()
         return admitted
@@ -310,7 +311,7 @@ class Engine:
                 chunk.text = seq.text.delta(final=finish is not None)
                 chunk.finish_reason, chunk.stop_reason = finish, stop_reason
                 outbox.setdefault(seq.submission.loop, []).append((seq.submission, chunk))
-                seq.chunk = Chunk(seq.index, chunk.version)
+                seq.chunk = Chunk(index=seq.index, version=chunk.version)
             if finish is not None or seq.submission.cancelled:
                 done.add(id(seq))
         for loop, batch in outbox.items():  # one wake-up per event loop and step, not one per token
