@@ -1,9 +1,10 @@
 """The gateway's one internal shape of a chat call, whichever API the harness speaks.
 
 OpenAI chat completions and Anthropic messages both become a `ChatRequest`;
-every generation comes back as `Generation`s that each protocol module turns
-into its own response. `message_key` is how an assistant message a harness
-sends back is recognised as one the model produced.
+every generation comes back as `Generation`s (and the call's `TokenUsage`)
+that each protocol module turns into its own response. `message_key` is how
+an assistant message a harness sends back is recognised as one the model
+produced.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class ChatRequest:
     raw_prompt: str | None = None  # plain completions: the prompt text, no chat template
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Generation:
     """One choice: the model's tokens and what the tool-call parser made of its text."""
 
@@ -73,6 +74,23 @@ class Generation:
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     stop_reason: str | int | None = None  # the stop string (or token id) that ended it, as the engine says
+
+    @classmethod
+    def failed(cls) -> Generation:
+        """The empty choice a failed call is recorded with."""
+        return cls(index=0, token_ids=[], logprobs=[], top_logprobs=[], text="", finish_reason="error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenUsage:
+    """Counted once per call; each protocol only renames the fields."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:

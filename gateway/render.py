@@ -34,6 +34,10 @@ class Renderer:
         self.end_of_turn_id = tokenizer.eos_token_id
         self.encode = tokenizer.encode
 
+    def token_text(self, token_id: int) -> str:
+        """One token as text, as logprobs show it."""
+        return self.tokenizer.decode([token_id])
+
     def template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, open_turn: bool) -> str:
         try:
             return self.tokenizer.apply_chat_template(messages, tools or None, add_generation_prompt=open_turn)

@@ -4,22 +4,28 @@ Protocol modules turn a harness's request into a ChatRequest and the result
 back into their own format; everything between lives here, once. The answer
 (or a stream's final event) is released only after the call's events are
 acknowledged by Kafka; a call that fails is recorded too, with its error.
+Sealing a rollout and a harness's reward are recorded here as well, so the
+HTTP layer only binds, parses and answers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 
-from gateway.chat import ChatRequest, Generation, message_key
+from gateway.chat import ChatRequest, Generation, TokenUsage, message_key
 from gateway.engines import EnginePool
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import GatewayError, InternalError, InvalidRequest
 from gateway.gate import Gate
 from gateway.metrics import Metrics
 from gateway.recorder import Recorder
@@ -29,7 +35,7 @@ from gateway.tool_parsers import ToolParser
 from schemas import events
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Call:
     """What the protocol module passes in: who, what was asked, and how to show the result."""
 
@@ -37,8 +43,8 @@ class Call:
     api: str
     request_json: str
     chat: ChatRequest
-    #: generations → the response body exactly as the harness will see it (for the record)
-    respond: Callable[[list[Generation], dict[str, int], int], dict[str, Any]]
+    #: generations, usage, weight version → the response body exactly as the harness will see it (and the record)
+    respond: Callable[[list[Generation], TokenUsage, int], BaseModel]
 
 
 @dataclass
@@ -56,17 +62,45 @@ class Delta:
     text: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Finished:
+    """The call is recorded: what the harness's answer (or a stream's last events) is made of."""
+
     generations: list[Generation]
-    usage: dict[str, int]
+    usage: TokenUsage
     weight_version: int
-    response: dict[str, Any] = field(default_factory=dict)
+    body: bytes  # the response as JSON, as recorded
+
+
+@dataclass(kw_only=True)
+class _Attempt:
+    """One admitted call: what each of its events shares, whichever way it ends."""
+
+    call: Call
+    rollout: Rollout
+    seq: int
+    call_id: str
+    received: datetime
+    held_s: float
+    prompt: list[int] = field(default_factory=list)
+    acknowledged: list[str] = field(default_factory=list)  # its events Kafka acknowledged
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Outcome:
+    """How the call ended: the same for every choice it records."""
+
+    weight_version: int
+    response_json: str
+    engine_ms: float = 0.0
+    error: GatewayError | None = None
 
 
 class Gateway:
-    def __init__(self, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser, engines: EnginePool,
-                 recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics) -> None:
+    """The gateway's work behind every HTTP API: model calls, and the rollouts they are recorded into."""
+
+    def __init__(self, *, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser,
+                 engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics) -> None:
         self.gateway_id = gateway_id
         self.model = model
         self.renderer = renderer
@@ -81,6 +115,29 @@ class Gateway:
     def set_version(self, version: int) -> None:
         self.version = version
 
+    # -- rollouts ----------------------------------------------------------------
+
+    def register(self, rollout_id: str, run_id: str) -> Rollout:
+        return self.rollouts.register(rollout_id, run_id)
+
+    async def seal(self, rollout_id: str) -> Rollout:
+        """Close the rollout once its calls in flight are done; its RolloutSealed lists the calls Kafka has."""
+        rollout = await self.rollouts.seal(rollout_id)
+        await self.recorder.event(events.RolloutSealed(rollout_id=rollout_id, run_id=rollout.run_id,
+                                                       call_ids=list(rollout.acknowledged)))
+        return rollout
+
+    async def report_reward(self, rollout_id: str, reward: float, details: dict[str, Any] | None) -> None:
+        """A harness's own reward for its rollout, on the record next to its calls."""
+        rollout = self.rollouts.get(rollout_id)
+        if not math.isfinite(reward):
+            raise InvalidRequest("reward must be a finite number", "reward")
+        await self.recorder.event(events.RewardReported(
+            rollout_id=rollout_id, run_id=rollout.run_id, reward=reward, source="harness",
+            details_json=json.dumps(details) if details is not None else None))
+
+    # -- model calls -------------------------------------------------------------
+
     async def complete(self, call: Call) -> Finished:
         finished: Finished | None = None
         async for item in self._run(call, stream=False):
@@ -93,54 +150,58 @@ class Gateway:
         return self._run(call, stream=True)
 
     async def _run(self, call: Call, stream: bool) -> AsyncIterator[Started | Delta | Finished]:
-        rollout = self.rollouts.open(call.rollout_id)
+        self.rollouts.open(call.rollout_id)
         received = datetime.now(UTC)
         started = time.perf_counter()
         self.metrics.requests.labels(call.api).inc()
         async with self.gate.admit() as held_s:
             rollout = self.rollouts.open(call.rollout_id)  # it may have been sealed while the call was held
-            seq = self.rollouts.begin_call(rollout)
-            call_id = f"call-{uuid.uuid4().hex}"
-            acknowledged: list[str] | None = None
-            prompt: list[int] = []
+            attempt = _Attempt(call=call, rollout=rollout, seq=self.rollouts.begin_call(rollout),
+                               call_id=f"call-{uuid.uuid4().hex}", received=received, held_s=held_s)
             try:
-                prompt = self._render(rollout, call.chat)
-                yield Started(len(prompt))
-                engine_started = time.perf_counter()
-                state = _Streams(call.chat.sampling.n, self.parser.start_marker)
-                version = self.version
-                async for chunk in self._generate(rollout, prompt, call.chat, stream):
-                    reported = chunk.get("weight_version")  # our engine says which weights; vLLM does not
-                    version = int(reported) if reported is not None else version
-                    for delta in state.add(chunk):
-                        yield delta
-                engine_ms = (time.perf_counter() - engine_started) * 1000
-                generations = state.finish(self.parser, call.chat)
-                for delta in state.rest(generations):  # text held back for a tool call that did not parse
-                    yield delta
-                usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(g.token_ids) for g in generations)}
-                response = call.respond(generations, usage, version)
-                records = [self._event(call, rollout, seq, f"{call_id}-{g.index}", g, prompt, version, response,
-                                       received, held_s, engine_ms, 200, None) for g in generations]
-                await self._record(records)
-                acknowledged = [r.call_id for r in records]
-                for g in generations:
-                    self.rollouts.remember_turn(rollout, message_key(g.content, g.tool_calls), g.token_ids)
-                self.metrics.tokens.labels("prompt").inc(len(prompt))
-                self.metrics.tokens.labels("completion").inc(usage["completion_tokens"])
-                yield Finished(generations, usage, version, response)
+                async with contextlib.aclosing(self._serve(attempt, stream)) as items:
+                    async for item in items:
+                        yield item
             except Exception as exc:
                 # Whatever went wrong is on the record, and the harness gets it in its own protocol.
                 error = exc if isinstance(exc, GatewayError) else InternalError(f"the gateway failed: {exc!r}")
                 self.metrics.errors.labels(call.api, str(error.status)).inc()
-                acknowledged = await self._record_failure(call, rollout, seq, call_id, prompt, received, held_s,
-                                                          error)
+                attempt.acknowledged = await self._record_failure(attempt, error)
                 if error is exc:
                     raise
                 raise error from exc
             finally:
-                self.rollouts.end_call(rollout, acknowledged or [])
+                self.rollouts.end_call(rollout, attempt.acknowledged)
                 self.metrics.latency.labels(call.api).observe(time.perf_counter() - started)
+
+    async def _serve(self, attempt: _Attempt, stream: bool) -> AsyncGenerator[Started | Delta | Finished]:
+        """Render, generate, parse, record: the call's way when nothing fails."""
+        call, rollout = attempt.call, attempt.rollout
+        attempt.prompt = prompt = self._render(rollout, call.chat)
+        yield Started(len(prompt))
+        engine_started = time.perf_counter()
+        state = _Streams(call.chat.sampling.n, self.parser.start_marker)
+        version = self.version
+        async for chunk in self._generate(rollout, prompt, call.chat, stream):
+            reported = chunk.get("weight_version")  # our engine says which weights; vLLM does not
+            version = int(reported) if reported is not None else version
+            for delta in state.add(chunk):
+                yield delta
+        engine_ms = (time.perf_counter() - engine_started) * 1000
+        generations = state.finish(self.parser, call.chat)
+        for delta in state.rest(generations):  # text held back for a tool call that did not parse
+            yield delta
+        usage = TokenUsage(prompt_tokens=len(prompt), completion_tokens=sum(len(g.token_ids) for g in generations))
+        body = orjson.dumps(call.respond(generations, usage, version).model_dump())
+        outcome = _Outcome(weight_version=version, response_json=body.decode(), engine_ms=engine_ms)
+        records = [self._event(attempt, outcome, g, f"{attempt.call_id}-{g.index}") for g in generations]
+        await self._record(records)
+        attempt.acknowledged = [r.call_id for r in records]
+        for g in generations:
+            self.rollouts.remember_turn(rollout, message_key(g.content, g.tool_calls), g.token_ids)
+        self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
+        self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
+        yield Finished(generations=generations, usage=usage, weight_version=version, body=body)
 
     def _render(self, rollout: Rollout, chat: ChatRequest) -> list[int]:
         if chat.raw_prompt is not None:
@@ -170,36 +231,33 @@ class Gateway:
         finally:
             self.metrics.publish_latency.observe(time.perf_counter() - started)
 
-    async def _record_failure(self, call: Call, rollout: Rollout, seq: int, call_id: str, prompt: list[int],
-                              received: datetime, held_s: float, exc: GatewayError) -> list[str]:
+    async def _record_failure(self, attempt: _Attempt, exc: GatewayError) -> list[str]:
         """The failed call is on the record too; if even that cannot be stored, the harness learns of it."""
-        failed = Generation(0, [], [], [], "", "error")
-        body = exc.openai_body() if call.api.startswith("openai") else exc.anthropic_body()
+        body = exc.openai_body() if attempt.call.api.startswith("openai") else exc.anthropic_body()
+        outcome = _Outcome(weight_version=self.version, response_json=orjson.dumps(body).decode(), error=exc)
         # Its own id: after a delivery timeout the success event may still land under "{call_id}-0".
-        record = self._event(call, rollout, seq, f"{call_id}-error", failed, prompt, self.version, body, received,
-                             held_s, 0.0, exc.status, exc.message)
+        record = self._event(attempt, outcome, Generation.failed(), f"{attempt.call_id}-error")
         try:
             await self._record([record])
         except GatewayError:
             return []
         return [record.call_id]
 
-    def _event(self, call: Call, rollout: Rollout, seq: int, call_id: str, g: Generation, prompt: list[int],
-               version: int, response: dict[str, Any], received: datetime, held_s: float, engine_ms: float,
-               http_status: int, error: str | None) -> events.ModelCall:
-        s = call.chat.sampling
+    def _event(self, attempt: _Attempt, outcome: _Outcome, g: Generation, call_id: str) -> events.ModelCall:
+        call, rollout, s, error = attempt.call, attempt.rollout, attempt.call.chat.sampling, outcome.error
         return events.ModelCall(
             call_id=call_id, rollout_id=rollout.rollout_id, run_id=rollout.run_id, gateway_id=self.gateway_id,
-            seq=seq, choice_index=g.index, api=call.api, model=self.model, request_json=call.request_json,
-            response_json=orjson.dumps(response).decode(), prompt_token_ids=prompt, response_token_ids=g.token_ids,
-            response_logprobs=g.logprobs, weight_version=version,
+            seq=attempt.seq, choice_index=g.index, api=call.api, model=self.model, request_json=call.request_json,
+            response_json=outcome.response_json, prompt_token_ids=attempt.prompt, response_token_ids=g.token_ids,
+            response_logprobs=g.logprobs, weight_version=outcome.weight_version,
             sampling=events.Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens or 0,
                                      seed=s.seed),
-            usage=events.Usage(prompt_tokens=len(prompt), completion_tokens=len(g.token_ids)),
-            timings=events.Timings(received_at=received, finished_at=datetime.now(UTC), queued_ms=held_s * 1000,
-                                   engine_ms=engine_ms),
-            status="ok" if error is None else "error", http_status=http_status,
-            finish_reason=g.finish_reason if error is None else None, error=error,
+            usage=events.Usage(prompt_tokens=len(attempt.prompt), completion_tokens=len(g.token_ids)),
+            timings=events.Timings(received_at=attempt.received, finished_at=datetime.now(UTC),
+                                   queued_ms=attempt.held_s * 1000, engine_ms=outcome.engine_ms),
+            status="ok" if error is None else "error", http_status=200 if error is None else error.status,
+            finish_reason=g.finish_reason if error is None else None,
+            error=error.message if error is not None else None,
         )
 
 
@@ -257,6 +315,7 @@ class _Streams:
             if not calls:
                 content = text
             reason = "tool_calls" if calls else self.finish_reasons.get(i, "stop")
-            out.append(Generation(i, self.ids[i], self.logprobs[i], self.tops[i], text, reason, content, calls,
-                                  self.stop_reasons.get(i)))
+            out.append(Generation(index=i, token_ids=self.ids[i], logprobs=self.logprobs[i], top_logprobs=self.tops[i],
+                                  text=text, finish_reason=reason, content=content, tool_calls=calls,
+                                  stop_reason=self.stop_reasons.get(i)))
         return out

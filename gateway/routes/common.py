@@ -1,0 +1,151 @@
+"""What every route needs: the service, who is calling, the body as sent, and errors in the caller's protocol.
+
+A route class per protocol turns any `GatewayError` (from the route or its
+dependencies) into the error body its clients parse, so a harness speaking
+Anthropic never sees an OpenAI error. Bodies are read here, not by FastAPI:
+the size bound is enforced while a chunked upload arrives, and the text is
+kept exactly as sent for the record.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import BodyTooLarge, Forbidden, GatewayError, InvalidRequest, Unauthorized
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from schemas.rollout_token import verify
+from schemas.validation import first_error
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+# -- errors in the caller's protocol ---------------------------------------------------
+
+
+class OpenAIRoute(APIRoute):
+    """A route whose errors are OpenAI's error objects (the gateway's own APIs use them too)."""
+
+    @staticmethod
+    def error_body(error: GatewayError) -> dict[str, Any]:
+        return error.openai_body()
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handle(request)
+            except GatewayError as exc:
+                return JSONResponse(self.error_body(exc), status_code=exc.status, headers=exc.headers())
+
+        return answer
+
+
+class AnthropicRoute(OpenAIRoute):
+    """A route whose errors are Anthropic's error events."""
+
+    @staticmethod
+    def error_body(error: GatewayError) -> dict[str, Any]:
+        return error.anthropic_body()
+
+
+# -- the service and its settings ------------------------------------------------------
+
+
+def _settings(request: Request) -> GatewaySettings:
+    settings: GatewaySettings = request.app.state.settings
+    return settings
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway  # set by the app's lifespan, before any request
+    return gateway
+
+
+Settings = Annotated[GatewaySettings, Depends(_settings)]
+Service = Annotated[Gateway, Depends(_gateway)]
+
+
+# -- who is calling --------------------------------------------------------------------
+
+
+def api_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _bound_rollout(request: Request, settings: Settings) -> str:
+    """The rollout this call writes to; a token can only ever write to its own."""
+    path_rollout: str | None = request.path_params.get("rollout_id")  # the path only: never a query string
+    key = api_key(request)
+    token_rollout = verify(key, settings.secret) if key else None
+    if path_rollout is not None:
+        if token_rollout is not None and token_rollout != path_rollout:
+            raise Forbidden(f"this key belongs to another rollout, not {path_rollout!r}")
+        if token_rollout is None and settings.path_binding_requires_token:
+            raise Unauthorized("this gateway needs the rollout's token as the API key")
+        return path_rollout
+    if token_rollout is None:
+        raise Unauthorized("use a rollout token as the API key, or a /rollouts/{id}/v1 base URL")
+    return token_rollout
+
+
+BoundRollout = Annotated[str, Depends(_bound_rollout)]
+
+
+def require_admin(request: Request, settings: Settings) -> None:
+    if not hmac.compare_digest((api_key(request) or "").encode(), settings.admin_key.encode()):
+        raise Unauthorized("admin endpoints need the admin key")
+
+
+# -- the body --------------------------------------------------------------------------
+
+
+async def read_body(request: Request, max_bytes: int) -> tuple[str, dict[str, Any]]:
+    """The body as the harness sent it (kept for the record) and parsed."""
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > max_bytes:
+        raise BodyTooLarge(f"request body over {max_bytes} bytes")
+    parts, size = [], 0
+    async for part in request.stream():  # a chunked upload is capped as it arrives, not after
+        size += len(part)
+        if size > max_bytes:
+            raise BodyTooLarge(f"request body over {max_bytes} bytes")
+        parts.append(part)
+    try:
+        raw = b"".join(parts).decode()
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidRequest(f"malformed JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return raw, body
+
+
+def parse(model: type[Model], body: dict[str, Any]) -> Model:
+    """The body as `model`, or an InvalidRequest naming the first field at fault, as OpenAI words it."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        error = first_error(exc)
+        if error.type == "extra_forbidden":
+            error = replace(error, message="Unrecognized request argument supplied")
+        raise InvalidRequest(error.line(), error.field) from exc
+
+
+async def parse_body(request: Request, model: type[Model], settings: GatewaySettings) -> tuple[Model, str]:
+    """Read and parse: the request as `model`, and its text as sent."""
+    raw, body = await read_body(request, settings.max_body_bytes)
+    return parse(model, body), raw
