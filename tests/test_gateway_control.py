@@ -24,6 +24,7 @@ from schemas.events import (
     RewardReported,
     UpdateRequested,
     WeightVersionPublished,
+    run_of,
 )
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -39,7 +40,7 @@ async def control_events(bus: BusSettings, run_id: str, kind: type, wanted: int 
         async with asyncio.timeout(30):
             async for batch in consumer.batches(timeout_ms=200):
                 found += [r.event for r in batch
-                          if isinstance(r.event, kind) and getattr(r.event, "run_id", None) == run_id]
+                          if isinstance(r.event, kind) and run_of(r.event) == run_id]
                 if len(found) >= wanted:
                     return found
     raise AssertionError("unreachable")
