@@ -72,7 +72,7 @@ class MessagesRequest(BaseModel):
                                                        "parameters": t.input_schema}} for t in self.tools or [])
         choice = {"none": "none", "any": "required", "tool": "required"}.get((self.tool_choice or {}).get("type", ""),
                                                                              "auto")
-        return chat.ChatRequest(tuple(messages), tools, choice, chat.SamplingRequest(
+        return chat.ChatRequest(tuple(messages), tools=tools, tool_choice=choice, sampling=chat.SamplingRequest(
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p or 1.0,
             stop=tuple(self.stop_sequences or ()),
         ))

@@ -103,11 +103,11 @@ class ChatCompletionRequest(_Strict):
             messages.append(chat.Message(role, m.text(), calls, m.tool_call_id))
         choice = self.tool_choice if isinstance(self.tool_choice, str) else "auto"
         return chat.ChatRequest(
-            tuple(messages), tuple(self.tools or ()), choice,
-            chat.SamplingRequest(max_tokens=self.max_completion_tokens or self.max_tokens,
-                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                                 stop=_stop(self.stop), n=self.n,
-                                 top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0),
+            tuple(messages), tools=tuple(self.tools or ()), tool_choice=choice,
+            sampling=chat.SamplingRequest(max_tokens=self.max_completion_tokens or self.max_tokens,
+                                          temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                                          stop=_stop(self.stop), n=self.n,
+                                          top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0),
         )
 
 
