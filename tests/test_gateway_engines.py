@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,15 @@ def test_a_rollout_always_goes_to_the_same_engine_and_all_engines_are_used() -> 
     assert set(picks) == {"http://a:1", "http://b:2", "http://c:3"}
     assert min(picks.values()) > 800  # roughly even
     assert all(pool.pick(f"rollout-{i}") == pool.pick(f"rollout-{i}") for i in range(100))
+
+
+@asynccontextmanager
+async def engine_pool(url: str, retries: int) -> AsyncIterator[EnginePool]:
+    pool = EnginePool([url], retries=retries, backoff_s=0.01)
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 @pytest.fixture
@@ -47,45 +57,33 @@ async def flaky() -> AsyncIterator[tuple[str, list[int]]]:
 async def test_5xx_is_retried_then_answered(flaky: tuple[str, list[int]]) -> None:
     url, statuses = flaky
     statuses += [503, 500]
-    pool = EnginePool([url], retries=3, backoff_s=0.01)
-    try:
+    async with engine_pool(url, retries=3) as pool:
         assert (await pool.complete("r", {}))["choices"][0]["text"] == "ok"
-        assert statuses == []
-    finally:
-        await pool.close()
+    assert statuses == []
 
 
 async def test_retries_are_bounded(flaky: tuple[str, list[int]]) -> None:
     url, statuses = flaky
     statuses += [503] * 10
-    pool = EnginePool([url], retries=2, backoff_s=0.01)
-    try:
+    async with engine_pool(url, retries=2) as pool:
         with pytest.raises(EngineFailed, match="503"):
             await pool.complete("r", {})
-        assert len(statuses) == 7  # three attempts: the first and two retries
-    finally:
-        await pool.close()
+    assert len(statuses) == 7  # three attempts: the first and two retries
 
 
 async def test_a_refusal_is_the_callers_error_and_not_retried(flaky: tuple[str, list[int]]) -> None:
     url, statuses = flaky
     statuses += [400, 400]
-    pool = EnginePool([url], retries=3, backoff_s=0.01)
-    try:
+    async with engine_pool(url, retries=3) as pool:
         with pytest.raises(InvalidRequest, match="status 400"):
             await pool.complete("r", {})
-        assert statuses == [400]
-    finally:
-        await pool.close()
+    assert statuses == [400]
 
 
 async def test_an_absent_engine_fails_after_the_retries() -> None:
-    pool = EnginePool(["http://127.0.0.1:1"], retries=1, backoff_s=0.01)
-    try:
+    async with engine_pool("http://127.0.0.1:1", retries=1) as pool:
         with pytest.raises(EngineFailed, match="2 attempts"):
             await pool.complete("r", {})
-    finally:
-        await pool.close()
 
 
 def test_settings_come_from_a_yaml_file_below_the_environment(tmp_path: Path,
