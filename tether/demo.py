@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import Field
@@ -25,6 +26,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from schemas.events import Event, ModelCall, TaskGroup
+
+if TYPE_CHECKING:
+    from schemas.settings import BusSettings
+    from tether.stack import StackSettings
 
 ROOT = Path(__file__).parent.parent
 AGENT = ROOT / "examples" / "openai_agent.py"
@@ -57,48 +64,71 @@ def _agent_module() -> Any:
 
 
 def main(settings: DemoSettings, console: Console) -> int:
-    from schemas.samples import unique_groups
-    from schemas.settings import BusSettings
-    from stream_processors.grouping import Policy
-    from stream_processors.pipeline import compare, content_hash
-    from stream_processors.replay import replay
-    from tether.stack import Stack, StackSettings
-    from tether.warm_start import OPTIONS, task, warm_start
-    from trainer import checkpoint
-    from trainer.report import plot_history
+    """Warm-start, train with the stack up, then the summary; the stack comes down whatever happens."""
+    started = time.perf_counter()
+    warm, warm_s = _warm_model(settings, console)
+    run_dir = settings.home / "runs" / settings.run_id
+    outcome = _run(settings, console, warm, run_dir)
+    console.print(_summary(settings, run_dir, outcome, f"{time.perf_counter() - started:.0f} s (warm-start "
+                                                        f"{warm_s:.0f} s)"))
+    return 0
+
+
+def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
+    """The tiny model warm-started on the task's tool-call format; reused while its recipe is unchanged."""
+    from tether.warm_start import warm_start
     from trainer.tiny_model import init_tiny
 
-    started = time.perf_counter()
-    home = settings.home
-    tiny = home / "models" / "tiny"
+    tiny = settings.home / "models" / "tiny"
     if not (tiny / "tokenizer.json").exists():
         with console.status("building the tiny model..."):
             init_tiny(tiny)
     agent = _agent_module()
     recipe = hashlib.sha256(Path(warm_start.__code__.co_filename).read_bytes()).hexdigest()[:8]  # the task too
-    warm = home / "models" / f"warm-{settings.warm_steps}-seed{settings.seed}-{recipe}"
+    warm = settings.home / "models" / f"warm-{settings.warm_steps}-seed{settings.seed}-{recipe}"
     record = warm / "warm_start.json"  # written last: its presence means the folder is complete
     if record.exists():
         losses, warm_s = (json.loads(record.read_text())[k] for k in ("losses", "seconds"))
         console.print(f"warm-start: reusing {warm} ({settings.warm_steps} steps, trained in {warm_s:.0f} s by an "
                       f"earlier run; delete it to train again), loss {losses[0]:.3f} → {losses[-1]:.3f}")
-    else:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
-                      TimeElapsedColumn(), console=console) as bar:
-            job = bar.add_task("warm-start: the tool-call format", total=settings.warm_steps, loss="")
-            _, losses, warm_s = warm_start(
-                tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
-                on_step=lambda i, loss: bar.update(job, completed=i + 1, loss=f"loss {loss:.3f}"))
-        record.write_text(json.dumps({"losses": losses, "seconds": warm_s}))
-        console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
-                      f"{losses[-1]:.3f}")
+        return warm, float(warm_s)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        job = bar.add_task("warm-start: the tool-call format", total=settings.warm_steps, loss="")
+        _, losses, warm_s = warm_start(
+            tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
+            on_step=lambda i, loss: bar.update(job, completed=i + 1, loss=f"loss {loss:.3f}"))
+    record.write_text(json.dumps({"losses": losses, "seconds": warm_s}))
+    console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
+                  f"{losses[-1]:.3f}")
+    return warm, warm_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What the run left to summarise: the trainer's history, and the topics read back before the stack came
+    down."""
+    history: list[dict[str, float]]
+    stored: list[TaskGroup]
+    rebuilt: list[TaskGroup]
+    events: list[Event]
+
+
+def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) -> Outcome:
+    """`tether up`, the controller running the agents while the trainer updates, the topics read back,
+    `tether down`."""
+    from schemas.samples import unique_groups
+    from schemas.settings import BusSettings
+    from stream_processors.grouping import Policy
+    from stream_processors.replay import replay
+    from tether.stack import Stack, StackSettings
+    from tether.warm_start import task
 
     rng = random.Random(settings.seed)
     n_tasks = settings.batch_groups * (settings.updates + 2)
-    run_dir = home / "runs" / settings.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "tasks.jsonl").write_text("".join(json.dumps(task(rng, i)) + "\n" for i in range(n_tasks)))
-    stack_settings = StackSettings(run_id=settings.run_id, home=home, model=warm, trainer={
+    stack_settings = StackSettings(run_id=settings.run_id, home=settings.home, model=warm, trainer={
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
         "kl_coef": settings.kl_coef, "epochs": settings.epochs, "mini_batches": settings.mini_batches,
         "max_staleness": 2, "zero_variance": "drop"})
@@ -107,20 +137,7 @@ def main(settings: DemoSettings, console: Console) -> int:
     try:
         with console.status("tether up: Kafka, engine, gateway, processors, trainer..."):
             stack.up()
-        (run_dir / "controller.yaml").write_text(yaml.safe_dump({
-            "run_id": settings.run_id, "dataset": "tasks.jsonl", "group_size": settings.group_size,
-            "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
-            "timeout_s": 120, "log_dir": "rollouts",
-            "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", "3", "--max-tokens",
-                                    "40"], "preload": ["openai"]}}))
-        env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
-               "TETHER_CONTROLLER_GATEWAY_URL": stack_settings.gateway_url,
-               "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack_settings.admin_key,
-               "TETHER_CONTROLLER_GATEWAY_SECRET": stack_settings.secret}
-        with (run_dir / "controller.log").open("ab") as log:
-            agents = subprocess.Popen([sys.executable, "-m", "tether.cli", "controller", "run",
-                                       str(run_dir / "controller.yaml")], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
+        agents = _start_controller(settings, stack_settings, bus, run_dir)
         try:
             history = _train(stack, settings, console, agents)
         finally:
@@ -134,9 +151,38 @@ def main(settings: DemoSettings, console: Console) -> int:
     finally:
         with console.status("tether down..."):
             stack.down()
+    return Outcome(history=history, stored=stored, rebuilt=rebuilt, events=events)
+
+
+def _start_controller(settings: DemoSettings, stack: StackSettings, bus: BusSettings,
+                      run_dir: Path) -> subprocess.Popen[bytes]:
+    """`tether controller run` on the demo's run file, the openai-SDK agent preloaded, as its own process."""
+    (run_dir / "controller.yaml").write_text(yaml.safe_dump({
+        "run_id": settings.run_id, "dataset": "tasks.jsonl", "group_size": settings.group_size,
+        "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
+        "timeout_s": 120, "log_dir": "rollouts",
+        "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", "3", "--max-tokens",
+                                "40"], "preload": ["openai"]}}))
+    env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+           "TETHER_CONTROLLER_GATEWAY_URL": stack.gateway_url,
+           "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack.admin_key,
+           "TETHER_CONTROLLER_GATEWAY_SECRET": stack.secret}
+    with (run_dir / "controller.log").open("ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "tether.cli", "controller", "run",
+                                 str(run_dir / "controller.yaml")], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str) -> Table:
+    from stream_processors.pipeline import compare, content_hash
+    from tether.warm_start import OPTIONS
+    from trainer import checkpoint
+    from trainer.report import plot_history
+
+    history, stored = outcome.history, outcome.stored
     latest = checkpoint.latest(run_dir / "checkpoints" / settings.run_id)
     plot = plot_history(history, run_dir / "updates.png", f"Tether demo {settings.run_id}") if history else None
     rewards = [h["mean_reward"] for h in history]
+    dsn = f"chdb://{(run_dir / 'clickhouse').resolve()}"
     table = Table(title=f"Tether demo: run {settings.run_id}")
     table.add_column("figure")
     table.add_column("value")
@@ -149,7 +195,7 @@ def main(settings: DemoSettings, console: Console) -> int:
                                      f"≥ 0.8 at {sum(r >= 0.8 for r in rewards[-10:])} of the last "
                                      f"{len(rewards[-10:])} updates; chance is {1 / OPTIONS:.2f})")
         table.add_row("per update", " ".join(f"{r:.2f}" for r in rewards))
-    by_version = _reward_by_version(f"chdb://{(run_dir / 'clickhouse').resolve()}", settings.run_id)
+    by_version = _reward_by_version(dsn, settings.run_id)
     if by_version:
         (n0, r0), last = by_version[0], by_version[-3:]
         n_last = sum(n for n, _ in last)
@@ -157,20 +203,18 @@ def main(settings: DemoSettings, console: Console) -> int:
             f"{r0:.3f} over the {n0} rollouts of the warm-started model (version 0) → "
             f"{sum(n * r for n, r in last) / max(n_last, 1):.3f} over the {n_last} of the last {len(last)} versions"))
     table.add_row("task groups trained", str(int(sum(h["task_groups"] for h in history))))
-    table.add_row("calls recorded", str(sum(1 for e in events if type(e).__name__ == "ModelCall")))
-    same, pending = compare(rebuilt, stored)
+    table.add_row("calls recorded", str(sum(1 for e in outcome.events if isinstance(e, ModelCall))))
+    same, pending = compare(outcome.rebuilt, stored)
     table.add_row("replay", (f"rebuilt from the topics: identical to the {len(stored)} task groups on "
                              f"tether.samples (sha256 {content_hash(stored)[:16]}...)" if same else
                              "rebuilt from the topics: DIFFERS from tether.samples")
                   + (f"; {pending} groups were still incomplete at the end" if pending else ""))
-    table.add_row("time", f"{time.perf_counter() - started:.0f} s (warm-start {warm_s:.0f} s)")
+    table.add_row("time", took)
     table.add_row("plots", str(plot))
     table.add_row("checkpoint", str(latest))
-    dsn = f"chdb://{(run_dir / 'clickhouse').resolve()}"
     table.add_row("analytics", f"tether analytics --run {settings.run_id} --dsn {dsn}")
     table.add_row("replay", f"tether replay --run {settings.run_id}   (with `tether kafka up`)")
-    console.print(table)
-    return 0
+    return table
 
 
 def _reward_by_version(dsn: str, run_id: str) -> list[tuple[int, float]]:
