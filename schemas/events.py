@@ -86,6 +86,7 @@ class ModelCall:
     http_status: int = 200
     finish_reason: str | None = None
     error: str | None = None
+    turn_key: str | None = None
 
     def __post_init__(self) -> None:
         _require_ids(self, "call_id", "rollout_id", "run_id", "gateway_id")

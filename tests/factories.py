@@ -27,7 +27,8 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
                      response_json='{"choices": []}', prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9],
                      response_logprobs=[-0.5, -1.25], weight_version=3,
                      sampling=ev.Sampling(temperature=1.0, top_p=1.0, max_tokens=64, seed=None),
-                     usage=ev.Usage(prompt_tokens=3, completion_tokens=2), timings=timings, finish_reason="stop"),
+                     usage=ev.Usage(prompt_tokens=3, completion_tokens=2), timings=timings, finish_reason="stop",
+                     turn_key="5f2b9c"),
         ev.RolloutSealed(rollout_id=rollout_id, run_id=run_id, call_ids=[f"{rollout_id}-c0"], sealed_at=T0),
         ev.RewardReported(rollout_id=rollout_id, run_id=run_id, reward=1.0, source="harness", reported_at=T0),
         ev.RolloutFinished(rollout_id=rollout_id, run_id=run_id, status="succeeded", duration_s=2.5, exit_code=0,
@@ -91,7 +92,7 @@ def model_calls(draw: st.DrawFn, big: bool = False) -> ev.ModelCall:
         timings=ev.Timings(received_at=draw(stamps), finished_at=draw(stamps), queued_ms=draw(doubles),
                            engine_ms=draw(doubles)),
         status=draw(st.sampled_from(["ok", "error"])), http_status=draw(int32),
-        finish_reason=draw(st.none() | texts), error=draw(st.none() | texts),
+        finish_reason=draw(st.none() | texts), error=draw(st.none() | texts), turn_key=draw(st.none() | texts),
     )
 
 
