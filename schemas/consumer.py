@@ -53,6 +53,7 @@ class CaughtUp:
 
 CAUGHT_UP = CaughtUp()
 Progress: TypeAlias = Callable[[int, int], None]  # (records read, records to read) until caught up
+Keys: TypeAlias = Callable[[bytes | None], bool]  # which record keys a reader decodes
 
 
 class EventConsumer(Lifecycle):
@@ -104,6 +105,18 @@ class EventConsumer(Lifecycle):
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Read exactly these partitions (on a consumer made with no topics): one key's history, say."""
+        self._consumer.assign(list(partitions))
+
+    async def seek_to_time(self, partition: TopicPartition, timestamp_ms: int) -> None:
+        """Read `partition` from its first record stamped at or after `timestamp_ms` (its end if none is)."""
+        found = (await self._consumer.offsets_for_times({partition: timestamp_ms})).get(partition)
+        if found is not None:
+            self._consumer.seek(partition, found.offset)
+        else:
+            self._consumer.seek(partition, (await self._consumer.end_offsets([partition]))[partition])
+
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Read `partition` from `offset` next (a reader that keeps its own offsets, e.g. in a checkpoint)."""
         self._consumer.seek(partition, offset)
@@ -122,14 +135,18 @@ class EventConsumer(Lifecycle):
             if received is not None:
                 yield received
 
-    async def batches(self, timeout_ms: int = 1000, max_records: int | None = None) -> AsyncIterator[list[Received]]:
-        """Like iteration, but a batch per fetch (possibly empty), so callers can stop on idleness."""
+    async def batches(self, timeout_ms: int = 1000, max_records: int | None = None,
+                      keys: Keys | None = None) -> AsyncIterator[list[Received]]:
+        """Like iteration, but a batch per fetch (possibly empty), so callers can stop on idleness. Records whose
+        key `keys` refuses are passed over undecoded (a reader that wants them all judges them)."""
         while True:
             fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
             batch: list[Received] = []
             try:
                 for records in fetched.values():
                     for record in records:
+                        if keys is not None and not keys(record.key):
+                            continue
                         received = await self._accept(record)
                         if received is not None:
                             batch.append(received)
@@ -140,7 +157,7 @@ class EventConsumer(Lifecycle):
                 raise
             yield batch
 
-    async def follow(self, timeout_ms: int = 200, progress: Progress | None = None
+    async def follow(self, timeout_ms: int = 200, progress: Progress | None = None, keys: Keys | None = None
                      ) -> AsyncIterator[Received | CaughtUp]:
         """Every event from the current position on, for ever, with `CAUGHT_UP` once after the last record that
         the topics held when it began (at once if they held none): the projection of a reader that rebuilds its
@@ -150,17 +167,17 @@ class EventConsumer(Lifecycle):
         caught_up = await self._reached(ends, total, progress)
         if caught_up:
             yield CAUGHT_UP
-        async for batch in self.batches(timeout_ms=timeout_ms):
+        async for batch in self.batches(timeout_ms=timeout_ms, keys=keys):
             for received in batch:
                 yield received
             if not caught_up and await self._reached(ends, total, progress):
                 caught_up = True
                 yield CAUGHT_UP
 
-    async def read_to_end(self, timeout_ms: int = 200, progress: Progress | None = None
+    async def read_to_end(self, timeout_ms: int = 200, progress: Progress | None = None, keys: Keys | None = None
                           ) -> AsyncIterator[Received]:
         """Every event on the topics now, from the current position, then stop."""
-        async for item in self.follow(timeout_ms, progress):
+        async for item in self.follow(timeout_ms, progress, keys):
             if isinstance(item, CaughtUp):
                 return
             yield item
