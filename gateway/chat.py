@@ -9,6 +9,7 @@ produced.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,8 @@ class TokenUsage:
 
 
 def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
-    """Identity of an assistant message, blind to JSON spacing and tool call ids (harnesses rewrite both)."""
+    """Identity of an assistant message, blind to JSON spacing and tool call ids (harnesses rewrite both): a
+    digest, short enough to record with every call (`ModelCall.turn_key`) and to keep per turn in memory."""
     calls = []
     for call in tool_calls:
         try:
@@ -102,4 +104,5 @@ def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall])
         except json.JSONDecodeError:
             arguments = call.arguments
         calls.append([call.name, arguments])
-    return json.dumps([content or "", calls], sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps([content or "", calls], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
