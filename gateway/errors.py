@@ -5,13 +5,14 @@
     │   └── BodyTooLarge          413  the request body is over the configured bound
     ├── Unauthorized              401  no key, or a key that is neither a rollout token nor the admin key
     ├── Forbidden                 403  a rollout token used for another rollout
-    ├── RolloutNotFound           404  the rollout was never registered
+    ├── RolloutNotFound           404  neither this process nor the log knows the rollout
     ├── RolloutAlreadySealed      409  the rollout is sealed: its record is closed
     ├── InternalError             500  a bug or an unforeseen failure inside the gateway (recorded all the same)
     ├── EngineFailed              502  the inference engine failed or answered with an error
     └── Unavailable               503  the call was not served; Retry-After says when to try again
         ├── RecordingFailed            Kafka did not acknowledge the call's event
-        └── HeldTooLong                held during a weight update past the configured bound
+        ├── HeldTooLong                held during a weight update past the configured bound
+        └── HistoryUnavailable         a rollout this process does not hold could not be read back from Kafka
 
 Each class names its status and its error type in both protocols in one line;
 the name differs from the event `schemas.events.RolloutSealed` on purpose.
@@ -87,4 +88,8 @@ class RecordingFailed(Unavailable):
 
 
 class HeldTooLong(Unavailable):
+    pass
+
+
+class HistoryUnavailable(Unavailable):
     pass
