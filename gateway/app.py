@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from gateway.control import ControlLoop
 from gateway.engines import EnginePool
 from gateway.gate import Gate
+from gateway.history import RolloutHistory
 from gateway.metrics import Metrics
 from gateway.recorder import Recorder
 from gateway.render import Renderer
@@ -28,6 +29,8 @@ from gateway.settings import GatewaySettings
 from gateway.tokenizer import ChatTokenizer
 from gateway.tool_parsers import parser_for
 from schemas.producer import EventProducer
+
+RESTORE_WINDOW_S = 6 * 3600.0  # how far back a rollout this process does not hold is looked for in the log
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -48,9 +51,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engines = EnginePool(settings.engines, retries=settings.engine_retries, timeout_s=settings.engine_timeout_s)
     tokenizer = await asyncio.to_thread(ChatTokenizer.load, settings.tokenizer)
     metrics, gate = Metrics(), Gate(settings.max_hold_s)
+    history = RolloutHistory(settings.bus, producer, window_s=RESTORE_WINDOW_S,
+                             name=f"gateway-{settings.gateway_id}-history")
     gateway = Gateway(gateway_id=settings.gateway_id, model=settings.model_name or await engines.model(),
                       renderer=Renderer(tokenizer), parser=parser_for(settings.tool_parser), engines=engines,
-                      recorder=Recorder(producer), rollouts=Rollouts(), gate=gate, metrics=metrics)
+                      recorder=Recorder(producer), rollouts=Rollouts(), gate=gate, metrics=metrics,
+                      history=history)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
                           on_version=gateway.set_version)

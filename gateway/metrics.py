@@ -22,6 +22,8 @@ class Metrics:
         self.tokens = Counter("tether_gateway_tokens", "Tokens through the gateway", ["kind"], registry=r)
         self.reused_turns = Counter("tether_gateway_reused_turns",
                                     "Assistant turns rendered from the ids the model generated", registry=r)
+        self.restored = Counter("tether_gateway_restored_rollouts",
+                                "Rollouts this process did not hold, read back from the log", registry=r)
         self.held = Gauge("tether_gateway_held_calls", "Calls waiting for a weight update", registry=r)
         self.in_flight = Gauge("tether_gateway_in_flight_calls", "Calls being served", registry=r)
         self.weight_version = Gauge("tether_gateway_weight_version", "Last weight version published", registry=r)

@@ -3,16 +3,20 @@
 A rollout is registered by the controller, then receives calls (each gets the
 next seq), then is sealed: sealing waits for its calls in flight, and its
 RolloutSealed event lists exactly the calls whose events Kafka acknowledged.
+This is a cache of what the log holds (`gateway.history`): a rollout this
+process does not know, or has forgotten, is restored from the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gateway.errors import RolloutAlreadySealed, RolloutNotFound
+from gateway.history import Recovered
 
 
 @dataclass
@@ -27,6 +31,9 @@ class Rollout:
     turns: dict[str, list[list[int]]] = field(default_factory=dict)
     n_turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    since: float = field(default_factory=time.time)  # the earliest it can have started: where its history begins
+    #: calls answered with an error because their events were not acknowledged in time (they may land later)
+    unacknowledged: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -48,6 +55,29 @@ class Rollouts:
             return existing
         rollout = self._by_id[rollout_id] = Rollout(rollout_id, run_id)
         return rollout
+
+    def restore(self, rollout_id: str, recovered: Recovered, since: float) -> Rollout:
+        """The rollout as the log has it; one this process knows already is kept (it may be serving calls)."""
+        existing = self._by_id.get(rollout_id)
+        if existing is not None:
+            return existing
+        rollout = self._by_id[rollout_id] = Rollout(rollout_id, recovered.run_id, next_seq=recovered.next_seq,
+                                                    acknowledged=list(recovered.acknowledged), since=since)
+        if recovered.sealed:
+            self._mark_sealed(rollout)
+        else:
+            for key, ids in recovered.turns:
+                self.remember_turn(rollout, key, ids)
+        return rollout
+
+    def find(self, rollout_id: str) -> Rollout | None:
+        return self._by_id.get(rollout_id)
+
+    def forget(self, rollout_id: str) -> None:
+        """Another replica wrote for it: what this process holds may be stale, so the log is read again."""
+        rollout = self._by_id.get(rollout_id)
+        if rollout is not None and rollout.in_flight == 0:
+            del self._by_id[rollout_id]
 
     def get(self, rollout_id: str) -> Rollout:
         rollout = self._by_id.get(rollout_id)
@@ -84,14 +114,17 @@ class Rollouts:
     async def seal(self, rollout_id: str) -> Rollout:
         """Close the rollout and wait for its calls in flight; idempotent."""
         rollout = self.get(rollout_id)
-        if not rollout.sealed:
-            rollout.sealed = True
-            self._sealed.append(rollout_id)
-            while len(self._sealed) > self.max_sealed:
-                self._by_id.pop(self._sealed.popleft(), None)
+        self._mark_sealed(rollout)
         await rollout.idle.wait()
         rollout.turns.clear()
         return rollout
+
+    def _mark_sealed(self, rollout: Rollout) -> None:
+        if not rollout.sealed:
+            rollout.sealed = True
+            self._sealed.append(rollout.rollout_id)
+            while len(self._sealed) > self.max_sealed:
+                self._by_id.pop(self._sealed.popleft(), None)
 
     def __len__(self) -> int:
         return len(self._by_id)

@@ -6,12 +6,19 @@ back into their own format; everything between lives here, once. The answer
 acknowledged by Kafka; a call that fails is recorded too, with its error.
 Sealing a rollout and a harness's reward are recorded here as well, so the
 HTTP layer only binds, parses and answers.
+
+A rollout this process does not hold (it restarted, or another replica served
+the rollout so far) is restored from the log before its call is served, and a
+seal lists the calls the log holds for the rollout, whichever replica served
+them (docs/architecture.md, "Failure and recovery").
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -25,14 +32,18 @@ from pydantic import BaseModel
 
 from gateway.chat import ChatRequest, Generation, TokenUsage, message_key
 from gateway.engines import EnginePool
-from gateway.errors import GatewayError, InternalError, InvalidRequest
+from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
 from gateway.gate import Gate
+from gateway.history import RolloutHistory
 from gateway.metrics import Metrics
 from gateway.recorder import Recorder
 from gateway.render import Renderer, own_turns
 from gateway.rollouts import Rollout, Rollouts
 from gateway.tool_parsers import ToolParser
 from schemas import events
+from schemas.errors import BusError
+
+log = logging.getLogger("tether.gateway")
 
 
 @dataclass(kw_only=True)
@@ -83,7 +94,8 @@ class _Attempt:
     received: datetime
     held_s: float
     prompt: list[int] = field(default_factory=list)
-    acknowledged: list[str] = field(default_factory=list)  # its events Kafka acknowledged
+    pending: list[str] = field(default_factory=list)  # its events sent to Kafka
+    acknowledged: list[str] = field(default_factory=list)  # those Kafka acknowledged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +112,8 @@ class Gateway:
     """The gateway's work behind every HTTP API: model calls, and the rollouts they are recorded into."""
 
     def __init__(self, *, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser,
-                 engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics) -> None:
+                 engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics,
+                 history: RolloutHistory | None = None) -> None:
         self.gateway_id = gateway_id
         self.model = model
         self.renderer = renderer
@@ -110,7 +123,9 @@ class Gateway:
         self.rollouts = rollouts
         self.gate = gate
         self.metrics = metrics
+        self.history = history  # None: this process's memory is the only record (no restore, no replicas)
         self.version = 0  # the last weight version published; engines that report theirs win
+        self._restoring: dict[str, asyncio.Task[Rollout]] = {}
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -120,16 +135,63 @@ class Gateway:
     def register(self, rollout_id: str, run_id: str) -> Rollout:
         return self.rollouts.register(rollout_id, run_id)
 
-    async def seal(self, rollout_id: str) -> Rollout:
-        """Close the rollout once its calls in flight are done; its RolloutSealed lists the calls Kafka has."""
-        rollout = await self.rollouts.seal(rollout_id)
-        await self.recorder.event(events.RolloutSealed(rollout_id=rollout_id, run_id=rollout.run_id,
-                                                       call_ids=list(rollout.acknowledged)))
+    async def rollout(self, rollout_id: str) -> Rollout:
+        """The rollout from memory, or else from the log: read once, however many calls ask at the same time."""
+        found = self.rollouts.find(rollout_id)
+        if found is not None or self.history is None:
+            return found or self.rollouts.get(rollout_id)
+        task = self._restoring.get(rollout_id)
+        if task is None:
+            task = self._restoring[rollout_id] = asyncio.create_task(self._restore(rollout_id, self.history))
+            task.add_done_callback(lambda _: self._restoring.pop(rollout_id, None))
+        return await asyncio.shield(task)
+
+    async def _restore(self, rollout_id: str, history: RolloutHistory) -> Rollout:
+        started = time.perf_counter()
+        since = time.time() - history.window_s
+        try:
+            recovered = await history.read(rollout_id, since)
+        except BusError as exc:
+            raise HistoryUnavailable(f"rollout {rollout_id!r} could not be read back from Kafka: {exc}",
+                                     retry_after_s=2) from exc
+        if recovered is None:
+            raise RolloutNotFound(f"rollout {rollout_id!r} is not registered with this gateway, and the log has "
+                                  "no record of it")
+        rollout = self.rollouts.restore(rollout_id, recovered, since)
+        self.metrics.restored.inc()
+        log.info("restored rollout %s from the log in %.0f ms: %d calls, next seq %d%s", rollout_id,
+                 (time.perf_counter() - started) * 1000, len(recovered.acknowledged), recovered.next_seq,
+                 ", sealed" if recovered.sealed else "")
         return rollout
+
+    async def seal(self, rollout_id: str) -> list[str]:
+        """Close the rollout once its calls in flight are done; its RolloutSealed lists the calls Kafka has for
+        it, whichever replica served them. The call ids are returned."""
+        rollout = await self.rollout(rollout_id)
+        already = rollout.sealed
+        await self.rollouts.seal(rollout_id)
+        call_ids = list(rollout.acknowledged)
+        if self.history is not None:
+            try:
+                logged = await self.history.read(rollout_id, rollout.since)
+            except BusError as exc:
+                raise HistoryUnavailable(f"rollout {rollout_id!r} could not be read back from Kafka: {exc}",
+                                         retry_after_s=2) from exc
+            if logged is not None and logged.sealed:
+                return logged.acknowledged  # sealed before, maybe by another replica: that record stands
+            logged_ids = logged.acknowledged if logged is not None else []
+            call_ids = [c for c in logged_ids if c not in rollout.unacknowledged]
+            call_ids += [c for c in rollout.acknowledged if c not in set(call_ids)]
+        elif already:
+            return call_ids
+        rollout.acknowledged = call_ids
+        await self.recorder.event(events.RolloutSealed(rollout_id=rollout_id, run_id=rollout.run_id,
+                                                       call_ids=call_ids))
+        return call_ids
 
     async def report_reward(self, rollout_id: str, reward: float, details: dict[str, Any] | None) -> None:
         """A harness's own reward for its rollout, on the record next to its calls."""
-        rollout = self.rollouts.get(rollout_id)
+        rollout = await self.rollout(rollout_id)
         if not math.isfinite(reward):
             raise InvalidRequest("reward must be a finite number", "reward")
         await self.recorder.event(events.RewardReported(
@@ -150,11 +212,13 @@ class Gateway:
         return self._run(call, stream=True)
 
     async def _run(self, call: Call, stream: bool) -> AsyncIterator[Started | Delta | Finished]:
+        await self.rollout(call.rollout_id)
         self.rollouts.open(call.rollout_id)
         received = datetime.now(UTC)
         started = time.perf_counter()
         self.metrics.requests.labels(call.api).inc()
         async with self.gate.admit() as held_s:
+            await self.rollout(call.rollout_id)  # forgotten while the call was held: restored again
             rollout = self.rollouts.open(call.rollout_id)  # it may have been sealed while the call was held
             attempt = _Attempt(call=call, rollout=rollout, seq=self.rollouts.begin_call(rollout),
                                call_id=f"call-{uuid.uuid4().hex}", received=received, held_s=held_s)
@@ -166,6 +230,7 @@ class Gateway:
                 # Whatever went wrong is on the record, and the harness gets it in its own protocol.
                 error = exc if isinstance(exc, GatewayError) else InternalError(f"the gateway failed: {exc!r}")
                 self.metrics.errors.labels(call.api, str(error.status)).inc()
+                rollout.unacknowledged.update(c for c in attempt.pending if c not in attempt.acknowledged)
                 attempt.acknowledged = await self._record_failure(attempt, error)
                 if error is exc:
                     raise
@@ -195,6 +260,7 @@ class Gateway:
         body = orjson.dumps(call.respond(generations, usage, version).model_dump())
         outcome = _Outcome(weight_version=version, response_json=body.decode(), engine_ms=engine_ms)
         records = [self._event(attempt, outcome, g, f"{attempt.call_id}-{g.index}") for g in generations]
+        attempt.pending = [r.call_id for r in records]
         await self._record(records)
         attempt.acknowledged = [r.call_id for r in records]
         for g in generations:
@@ -258,6 +324,7 @@ class Gateway:
             status="ok" if error is None else "error", http_status=200 if error is None else error.status,
             finish_reason=g.finish_reason if error is None else None,
             error=error.message if error is not None else None,
+            turn_key=message_key(g.content, g.tool_calls) if error is None else None,
         )
 
 

@@ -41,9 +41,8 @@ async def register(request: Request, gateway: Service, settings: Settings) -> Re
 
 @router.post("/admin/rollouts/{rollout_id}/seal", dependencies=[Depends(require_admin)])
 async def seal(rollout_id: str, gateway: Service) -> Response:
-    rollout = await gateway.seal(rollout_id)
-    return JSONResponse({"rollout_id": rollout_id, "n_calls": len(rollout.acknowledged),
-                         "call_ids": rollout.acknowledged})
+    call_ids = await gateway.seal(rollout_id)
+    return JSONResponse({"rollout_id": rollout_id, "n_calls": len(call_ids), "call_ids": call_ids})
 
 
 @router.post("/rollouts/{rollout_id}/reward", dependencies=[Depends(_rollout_token)])

@@ -1,0 +1,82 @@
+"""A rollout's state at the gateway, rebuilt from the log: what lets any replica, or a restarted gateway, serve
+a rollout it never saw.
+
+The gateway keeps a rollout's call order, acknowledged calls, seal and own
+turns in memory, but every part of it is on the topics: `RolloutStarted` on
+tether.rollouts says the rollout exists, each `ModelCall` on tether.calls
+carries its seq, its call id, and the exact ids and `turn_key` of the turn it
+produced, and `RolloutSealed` closes it. Both topics are keyed by rollout id,
+so one partition of each holds a rollout's whole history; a reader starts at
+the time the rollout could have begun (`since`) and reads to the end offsets
+taken when it starts, which every call any replica has acknowledged is below.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.events import Event, ModelCall, RolloutSealed, RolloutStarted
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+
+
+@dataclass(kw_only=True)
+class Recovered:
+    """What the log says of one rollout."""
+
+    run_id: str
+    next_seq: int = 0
+    acknowledged: list[str] = field(default_factory=list)  # call ids in the order the log holds them
+    sealed: bool = False
+    turns: list[tuple[str, list[int]]] = field(default_factory=list)  # (turn_key, exact ids), in call order
+
+
+def fold(rollout_id: str, history: Iterable[Event]) -> Recovered | None:
+    """The rollout's state from its events in log order; None if the log does not know it. Pure."""
+    state: Recovered | None = None
+    turns: list[tuple[int, int, str, list[int]]] = []
+    for event in history:
+        if not isinstance(event, RolloutStarted | ModelCall | RolloutSealed) or event.rollout_id != rollout_id:
+            continue
+        state = state or Recovered(run_id=event.run_id)
+        if state.sealed:
+            continue  # the seal listed the rollout's calls: a call stored after it is not part of it
+        if isinstance(event, ModelCall):
+            state.next_seq = max(state.next_seq, event.seq + 1)
+            if event.call_id not in state.acknowledged:
+                state.acknowledged.append(event.call_id)
+            if event.status == "ok" and event.turn_key is not None:
+                turns.append((event.seq, event.choice_index, event.turn_key, event.response_token_ids))
+        elif isinstance(event, RolloutSealed):
+            state.sealed = True
+            state.acknowledged = list(event.call_ids)  # the seal is the rollout's record
+    if state is not None:
+        state.turns = [(key, ids) for _, _, key, ids in sorted(turns, key=lambda t: (t[0], t[1]))]
+    return state
+
+
+class RolloutHistory:
+    """Reads one rollout's events from its partitions of tether.rollouts and tether.calls."""
+
+    def __init__(self, bus: BusSettings, deadletters: EventProducer, *, window_s: float, name: str) -> None:
+        self.bus, self.deadletters, self.window_s, self.name = bus, deadletters, window_s, name
+
+    async def read(self, rollout_id: str, since: float | None = None) -> Recovered | None:
+        """The rollout as the log holds it now. `since`: when it could have started at the earliest (epoch
+        seconds); without it, `window_s` back from now."""
+        key = rollout_id.encode()
+        start_ms = int(((since if since is not None else time.time() - self.window_s) - 60) * 1000)
+        partitions = [TopicPartition(t.name, topics.partition_for(key, t.partitions))
+                      for t in (topics.ROLLOUTS, topics.CALLS)]
+        async with EventConsumer(self.bus, [], self.deadletters, name=self.name) as consumer:
+            consumer.assign(partitions)
+            for tp in partitions:
+                await consumer.seek_to_time(tp, max(start_ms, 0))
+            found = [r.event async for r in consumer.read_to_end(timeout_ms=100, keys=lambda k: k == key)]
+        return fold(rollout_id, found)
