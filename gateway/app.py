@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -20,6 +21,7 @@ from gateway.engines import EnginePool
 from gateway.gate import Gate
 from gateway.history import RolloutHistory
 from gateway.metrics import Metrics
+from gateway.peers import PeerWatch
 from gateway.recorder import Recorder
 from gateway.render import Renderer
 from gateway.rollouts import Rollouts
@@ -60,17 +62,30 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
                           on_version=gateway.set_version)
-    task = asyncio.create_task(control.run())
-    await asyncio.wait([task, asyncio.create_task(control.ready.wait())], return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        task.result()  # the control loop failed to start: fail the gateway's start with its error
+    peers = PeerWatch(bus=settings.bus, gateway_id=settings.gateway_id, rollouts=gateway.rollouts,
+                      producer=producer, metrics=metrics)
+    tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]
+    await _started(tasks, [peers.ready, control.ready])
     app.state.gateway = gateway
     try:
         yield
     finally:
         await control.leave("shut down")
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         await engines.close()
         await producer.stop()
+
+
+async def _started(tasks: list[asyncio.Task[None]], ready: list[asyncio.Event]) -> None:
+    """Until every loop is ready; a loop that fails first fails the gateway's start with its error."""
+    all_ready: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in ready)))
+    watched: set[asyncio.Future[Any]] = {all_ready, *tasks}
+    done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        if task in done:
+            all_ready.cancel()
+            task.result()  # raises the loop's error
+            raise RuntimeError("a gateway loop ended before the gateway started")

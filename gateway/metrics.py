@@ -24,6 +24,8 @@ class Metrics:
                                     "Assistant turns rendered from the ids the model generated", registry=r)
         self.restored = Counter("tether_gateway_restored_rollouts",
                                 "Rollouts this process did not hold, read back from the log", registry=r)
+        self.forgotten = Counter("tether_gateway_forgotten_rollouts",
+                                 "Rollouts dropped from memory because another replica wrote for them", registry=r)
         self.held = Gauge("tether_gateway_held_calls", "Calls waiting for a weight update", registry=r)
         self.in_flight = Gauge("tether_gateway_in_flight_calls", "Calls being served", registry=r)
         self.weight_version = Gauge("tether_gateway_weight_version", "Last weight version published", registry=r)

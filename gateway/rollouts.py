@@ -73,11 +73,14 @@ class Rollouts:
     def find(self, rollout_id: str) -> Rollout | None:
         return self._by_id.get(rollout_id)
 
-    def forget(self, rollout_id: str) -> None:
-        """Another replica wrote for it: what this process holds may be stale, so the log is read again."""
+    def forget(self, rollout_id: str) -> bool:
+        """Another replica wrote for it: what this process holds may be stale, so the log is read again. A
+        rollout with calls in flight here is kept (it is this process that is serving it)."""
         rollout = self._by_id.get(rollout_id)
-        if rollout is not None and rollout.in_flight == 0:
-            del self._by_id[rollout_id]
+        if rollout is None or rollout.in_flight:
+            return False
+        del self._by_id[rollout_id]
+        return True
 
     def get(self, rollout_id: str) -> Rollout:
         rollout = self._by_id.get(rollout_id)

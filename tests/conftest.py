@@ -146,8 +146,8 @@ class RunningGateway:
 
 
 def start_gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path, run_id: str,
-                  **env: str) -> RunningGateway:
-    port = free_port()
+                  port: int | None = None, **env: str) -> RunningGateway:
+    port = port or free_port()
     url, process = spawn(
         ["tether.cli", "gateway", "serve", "--engine", engine.url, "--tokenizer", str(tiny_model), "--port", str(port),
          "--run-id", run_id], log, "the gateway", port,

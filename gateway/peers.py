@@ -1,0 +1,57 @@
+"""Other replicas' writes to rollouts this process holds: the cue to read those rollouts back from the log.
+
+Replicas share no memory; each holds the rollouts it served as a cache of the
+log. When a rollout moves (its replica died, or a load balancer sent a call
+elsewhere) and comes back, the cache is stale: another replica gave out seqs
+and produced turns. This watcher follows tether.calls from its end, decodes
+only records keyed by a rollout this process holds, and forgets the rollout
+when another gateway wrote a call for it or someone else sealed it; its next
+call restores it from the log. The window in which a stale cache can be used
+is this watcher's lag behind the log (milliseconds on a healthy cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway.metrics import Metrics
+from gateway.rollouts import Rollouts
+from schemas import topics
+from schemas.consumer import CaughtUp, EventConsumer
+from schemas.events import ModelCall, RolloutSealed
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+
+log = logging.getLogger("tether.gateway.peers")
+
+
+class PeerWatch:
+    def __init__(self, *, bus: BusSettings, gateway_id: str, rollouts: Rollouts, producer: EventProducer,
+                 metrics: Metrics) -> None:
+        self.gateway_id, self.rollouts, self.metrics = gateway_id, rollouts, metrics
+        self._consumer = EventConsumer(bus, [topics.CALLS], producer, from_beginning=False,
+                                       name=f"gateway-{gateway_id}-peers")
+        self.ready = asyncio.Event()  # positioned at the end of tether.calls: nothing written after is missed
+
+    def held(self, key: bytes | None) -> bool:
+        return key is not None and self.rollouts.find(key.decode(errors="replace")) is not None
+
+    async def run(self) -> None:
+        async with self._consumer as consumer:
+            async for item in consumer.follow(timeout_ms=100, keys=self.held):
+                if isinstance(item, CaughtUp):
+                    self.ready.set()
+                    continue
+                event = item.event
+                if isinstance(event, ModelCall) and event.gateway_id != self.gateway_id:
+                    self._forget(event.rollout_id, f"gateway {event.gateway_id} served call {event.seq}")
+                elif isinstance(event, RolloutSealed):
+                    held = self.rollouts.find(event.rollout_id)
+                    if held is not None and not held.sealed:
+                        self._forget(event.rollout_id, "it was sealed elsewhere")
+
+    def _forget(self, rollout_id: str, why: str) -> None:
+        if self.rollouts.forget(rollout_id):
+            self.metrics.forgotten.inc()
+            log.info("forgot rollout %s (%s): its next call reads it back from the log", rollout_id, why)

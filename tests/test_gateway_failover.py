@@ -1,0 +1,168 @@
+"""A restarted gateway, and a second replica, serve rollouts they never saw: the log is their memory."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.history import fold
+from infra.processes import free_port, stop
+from schemas.events import ModelCall, RolloutSealed, RolloutStarted
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from tests.conftest import RunningEngine, RunningGateway, start_gateway
+from tests.factories import example
+from tests.test_gateway_openai import new_rollout, recorded
+
+
+def chat(client: openai.OpenAI, messages: list[dict[str, str]], turn: int) -> None:
+    """One turn of a harness's episode: the model's answer goes back in the next prompt, as harnesses do."""
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=6,  # type: ignore[arg-type]
+                                           temperature=1.0, seed=turn)
+    messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                 {"role": "user", "content": f"and then {turn}?"}]
+
+
+def seal(gw: RunningGateway, rollout_id: str) -> list[str]:
+    r = httpx.post(f"{gw.url}/admin/rollouts/{rollout_id}/seal", headers=gw.admin(), timeout=60)
+    r.raise_for_status()
+    return list(r.json()["call_ids"])
+
+
+def assert_one_episode(calls: list[ModelCall], sealed: list[str]) -> None:
+    """Unique increasing seqs, every call sealed, and each prompt extending the last with the exact ids the
+    model produced (turn reuse held across the failover: no re-tokenisation drift)."""
+    calls = sorted(calls, key=lambda c: c.seq)
+    assert [c.seq for c in calls] == list(range(len(calls)))
+    assert sorted(sealed) == sorted(c.call_id for c in calls) and len(set(sealed)) == len(sealed)
+    for before, after in itertools.pairwise(calls):
+        grown = before.prompt_token_ids + before.response_token_ids
+        assert after.prompt_token_ids[:len(grown)] == grown, f"call {after.seq} does not extend call {before.seq}"
+
+
+async def announce(bus: BusSettings, run_id: str, rollout_id: str) -> None:
+    """What the controller publishes before a harness starts."""
+    async with EventProducer(bus) as producer:
+        await producer.publish(RolloutStarted(rollout_id=rollout_id, run_id=run_id, group_id="g", task_id="t",
+                                              task_json="{}", group_size=1))
+
+
+def test_a_gateway_killed_mid_episode_serves_the_rollout_again(
+        bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    port, run_id = free_port(), f"restart-{time.monotonic_ns()}"
+    gw = start_gateway(bus, engine_server, tiny_model, tmp_path / "gw-1.log", run_id, port=port)
+    try:
+        rollout_id, token = new_rollout(gw)
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
+        messages = [{"role": "user", "content": "Count with me."}]
+        for turn in range(3):
+            chat(client, messages, turn)
+        gw.process.kill()  # SIGKILL: nothing is written on the way out
+        gw.process.wait()
+        started = time.monotonic()
+        gw = start_gateway(bus, engine_server, tiny_model, tmp_path / "gw-2.log", run_id, port=port)
+        print(f"gateway back in {time.monotonic() - started:.1f} s")
+        for turn in range(3, 5):
+            chat(client, messages, turn)
+        sealed = seal(gw, rollout_id)
+    finally:
+        stop(gw.process)
+    events = asyncio.run(recorded(bus, rollout_id, 6))
+    assert_one_episode([e for e in events if isinstance(e, ModelCall)], sealed)
+    assert [e.call_ids for e in events if isinstance(e, RolloutSealed)] == [sealed]
+    assert "restored rollout" in (tmp_path / "gw-2.log").read_text()
+
+
+def test_a_rollout_moves_between_two_replicas_and_back(
+        bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    run_id = f"replicas-{time.monotonic_ns()}"
+    a = start_gateway(bus, engine_server, tiny_model, tmp_path / "a.log", run_id)
+    b = start_gateway(bus, engine_server, tiny_model, tmp_path / "b.log", run_id)
+    try:
+        rollout_id, token = new_rollout(a)
+        asyncio.run(announce(bus, run_id, rollout_id))
+        clients = {gw: openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0) for gw in (a, b)}
+        messages = [{"role": "user", "content": "Count with me."}]
+        for turn, gw in enumerate([a, a, b, b, a, b]):
+            if turn == 4:  # back on a: it must have noticed b's calls before serving from its memory
+                wait_until_forgotten(a)
+            chat(clients[gw], messages, turn)
+        sealed = seal(a, rollout_id)  # sealed where it started: b's calls are listed all the same
+        assert seal(b, rollout_id) == sealed  # and sealed on every replica
+        with pytest.raises(openai.ConflictError):
+            clients[b].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    finally:
+        stop(a.process)
+        stop(b.process)
+    events = asyncio.run(recorded(bus, rollout_id, 7))
+    calls = [e for e in events if isinstance(e, ModelCall)]
+    assert_one_episode(calls, sealed)
+    assert len({c.gateway_id for c in calls}) == 2
+
+
+def wait_until_forgotten(gw: RunningGateway, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        metrics = httpx.get(f"{gw.url}/metrics").text
+        if any(line.startswith("tether_gateway_forgotten_rollouts_total") and not line.endswith(" 0.0")
+               for line in metrics.splitlines()):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the replica did not notice the other's calls")
+
+
+def test_a_replica_that_never_saw_the_rollout_serves_its_first_call(
+        bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    run_id = f"fresh-{time.monotonic_ns()}"
+    a = start_gateway(bus, engine_server, tiny_model, tmp_path / "a.log", run_id)
+    b = start_gateway(bus, engine_server, tiny_model, tmp_path / "b.log", run_id)
+    try:
+        rollout_id, token = new_rollout(a)  # registered on a only, as a load balancer would leave it
+        asyncio.run(announce(bus, run_id, rollout_id))
+        chat(openai.OpenAI(base_url=f"{b.url}/v1", api_key=token, max_retries=0),
+             [{"role": "user", "content": "hi"}], 0)
+        reward = httpx.post(f"{a.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0},
+                            headers={"authorization": f"Bearer {token}"})
+        assert reward.status_code == 200
+        assert len(seal(a, rollout_id)) == 1
+    finally:
+        stop(a.process)
+        stop(b.process)
+
+
+# -- the fold, pure ---------------------------------------------------------------------------------------
+
+
+def call(rid: str, seq: int, gateway: str, ok: bool = True, key: str | None = "k") -> ModelCall:
+    return replace(example(ModelCall, run_id="run", rollout_id=rid), call_id=f"{rid}-{gateway}-{seq}", seq=seq,
+                   gateway_id=gateway, status="ok" if ok else "error", turn_key=key if ok else None,
+                   response_token_ids=[seq, seq + 1], response_logprobs=[-0.5, -0.5])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.booleans()), max_size=12), st.booleans())
+def test_the_fold_gives_the_next_seq_the_calls_and_the_turns(history: list[tuple[str, bool]],
+                                                             sealed: bool) -> None:
+    calls = [call("r", seq, gw, ok) for seq, (gw, ok) in enumerate(history)]
+    others = [call("other", 0, "a")]
+    seal_event = [RolloutSealed(rollout_id="r", run_id="run", call_ids=[c.call_id for c in calls[:2]])]
+    late = [call("r", len(calls), "a")]  # stored after the seal: not part of the rollout
+    state = fold("r", [*others, *calls, *(seal_event + late if sealed else [])])
+    if not calls and not sealed:
+        assert state is None
+        return
+    assert state is not None and state.run_id == "run"
+    if sealed:
+        assert state.sealed and state.acknowledged == [c.call_id for c in calls[:2]]
+    else:
+        assert not state.sealed and state.acknowledged == [c.call_id for c in calls]
+        assert state.next_seq == len(calls)
+        assert state.turns == [("k", [c.seq, c.seq + 1]) for c in calls if c.status == "ok"]
