@@ -1,5 +1,9 @@
 """The whole local stack as processes: Kafka, engine, gateway, stream processors (with the analytics sink), trainer.
 
+With `gateway_replicas` above 1 the gateway runs as that many replicas behind
+HAProxy (`infra/loadbalancer.py`) on the gateway's address, as a Kubernetes
+Service would put them; each replica keeps its gateway id across restarts.
+
 Each service runs from the `tether` command itself, with a PID file (pid and
 kernel start time, so a recycled pid is not mistaken for it) under the stack
 folder and its log under the run's folder. `up` starts what is not running
@@ -24,6 +28,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from infra.errors import InfraError
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
+from infra.loadbalancer import config as haproxy_config
+from infra.loadbalancer import haproxy
 from infra.processes import running_pid, spawn, stop_group, tail, write_pid_file
 
 _STOP_GRACE_S = 30.0  # each service's time from SIGTERM to SIGKILL on `down`
@@ -41,6 +47,8 @@ class StackSettings(BaseSettings):
     model: Path = Field(Path(".tether/models/tiny"), description="The model the engine serves and trains.")
     engine_port: int = Field(8100, ge=1, le=65535)
     gateway_port: int = Field(8000, ge=1, le=65535)
+    gateway_replicas: int = Field(1, ge=1, le=16, description="Above 1: replicas on the next ports, HAProxy in "
+                                  "front on gateway_port.")
     secret: str = Field("tether-dev-secret", min_length=8)
     admin_key: str = Field("tether-dev-admin", min_length=8)
     trainer: dict[str, object] = Field(default_factory=dict, description="Overrides of the trainer's YAML.")
@@ -92,10 +100,7 @@ class Stack:
         parts = [
             Service("engine", [*tether, "engine", "serve", "--model", str(s.model), "--port", str(s.engine_port)],
                     {}, _http_ok(f"{s.engine_url}/health")),
-            Service("gateway", [*tether, "gateway", "serve", "--engine", s.engine_url, "--tokenizer", str(s.model),
-                                "--port", str(s.gateway_port), "--run-id", s.run_id],
-                    {**bus, "TETHER_GATEWAY_SECRET": s.secret, "TETHER_GATEWAY_ADMIN_KEY": s.admin_key},
-                    _http_ok(f"{s.gateway_url}/health")),
+            *self._gateways(tether, bus),
             Service("processors", [*tether, "processors", "run", "--run", s.run_id],
                     {**bus, "TETHER_PROCESSOR_APP_ID": f"tether-processor-{s.run_id}",
                      "TETHER_PROCESSOR_DATA_DIR": str((s.run_dir / "processor").resolve()),
@@ -105,6 +110,33 @@ class Stack:
         if s.with_trainer:
             parts.append(Service("trainer", [*tether, "trainer", "run", str(trainer_yaml)], bus, lambda: True))
         return parts
+
+    def _gateways(self, tether: list[str], bus: dict[str, str]) -> list[Service]:
+        """One gateway, or replicas and their load balancer; a replica's id outlives its process, so a restarted
+        one rejoins the run as itself (the trainer waits for no ghost)."""
+        s = self.settings
+        replicas = [("gateway", s.gateway_port)] if s.gateway_replicas == 1 else \
+            [(f"gateway-{i}", s.gateway_port + i) for i in range(1, s.gateway_replicas + 1)]
+        parts = [Service(name, [*tether, "gateway", "serve", "--engine", s.engine_url, "--tokenizer", str(s.model),
+                                "--port", str(port), "--run-id", s.run_id],
+                         {**bus, "TETHER_GATEWAY_SECRET": s.secret, "TETHER_GATEWAY_ADMIN_KEY": s.admin_key,
+                          "TETHER_GATEWAY_GATEWAY_ID": f"{s.run_id}-{name}",
+                          "TETHER_GATEWAY_PUBLIC_URL": s.gateway_url},
+                         _http_ok(f"http://127.0.0.1:{port}/health"))
+                 for name, port in replicas]
+        if s.gateway_replicas > 1:
+            parts.append(Service("gateway-lb", [haproxy(), "-db", "-f", str(self._lb_config)], {},
+                                 _http_ok(f"{s.gateway_url}/health")))
+        return parts
+
+    @property
+    def _lb_config(self) -> Path:
+        return self.pids / "haproxy.cfg"
+
+    def _write_lb_config(self) -> None:
+        s = self.settings
+        replicas = [(f"gateway-{i}", s.gateway_port + i) for i in range(1, s.gateway_replicas + 1)]
+        self._lb_config.write_text(haproxy_config(port=s.gateway_port, replicas=replicas))
 
     def _pid_file(self, name: str) -> Path:
         return self.pids / f"{name}.pid"
@@ -135,6 +167,8 @@ class Stack:
                              f"{self.settings.model}`")
         if self.settings.with_trainer:
             self._write_trainer_config()
+        if self.settings.gateway_replicas > 1:
+            self._write_lb_config()
         for service in self.services():
             if self.pid(service.name) is not None:
                 say(f"{service.name}: running (pid {self.pid(service.name)})")

@@ -1,0 +1,84 @@
+"""`tether up` with gateway replicas behind HAProxy: a replica killed under load fails no rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from infra.kafka.launcher import KafkaBroker
+from infra.processes import free_port
+from schemas.events import ModelCall, RolloutSealed, RolloutStarted
+from schemas.producer import EventProducer
+from schemas.rollout_token import mint
+from schemas.settings import BusSettings
+from tests.test_gateway_openai import recorded
+from tether.stack import Stack, StackSettings
+
+ROLLOUTS, TURNS = 8, 8
+
+
+def episode(base_url: str, token: str, errors: list[BaseException]) -> None:
+    """A harness as shipped: the SDK's own retries (two), a call every few tenths of a second."""
+    client = openai.OpenAI(base_url=base_url, api_key=token)  # default max_retries=2
+    messages: list[dict[str, str]] = [{"role": "user", "content": "Count with me."}]
+    try:
+        for turn in range(TURNS):
+            reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                         {"role": "user", "content": f"and {turn}?"}]
+            time.sleep(0.3)
+    except BaseException as exc:  # whatever ended a harness is reported
+        errors.append(exc)
+
+
+async def announce(bus: BusSettings, run_id: str, rollout_ids: list[str]) -> None:
+    async with EventProducer(bus) as producer:
+        await producer.publish_many([RolloutStarted(rollout_id=r, run_id=run_id, group_id=r, task_id=r,
+                                                    task_json="{}", group_size=1) for r in rollout_ids])
+
+
+def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: BusSettings, tiny_model: Path,
+                                                      tmp_path: Path) -> None:
+    run_id = f"replicas-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    settings = StackSettings(run_id=run_id, home=tmp_path / "home", model=tiny_model, engine_port=free_port(),
+                             gateway_port=free_port(), gateway_replicas=2, with_trainer=False)
+    stack = Stack(settings, broker=broker)
+    admin = {"authorization": f"Bearer {settings.admin_key}"}
+    rollout_ids = [f"{run_id}-r{i}" for i in range(ROLLOUTS)]
+    try:
+        stack.up()
+        for rid in rollout_ids:  # as the controller does: register (through the balancer), then announce
+            httpx.post(f"{settings.gateway_url}/admin/rollouts", json={"rollout_id": rid, "run_id": run_id},
+                       headers=admin).raise_for_status()
+        asyncio.run(announce(bus, run_id, rollout_ids))
+        errors: list[BaseException] = []
+        harnesses = [threading.Thread(target=episode, args=(f"{settings.gateway_url}/v1",
+                                                            mint(rid, settings.secret), errors))
+                     for rid in rollout_ids]
+        for h in harnesses:
+            h.start()
+        time.sleep(1.5)
+        victim = stack.pid("gateway-1")
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        for h in harnesses:
+            h.join(120)
+        assert not errors, f"{len(errors)} harnesses failed: {errors[:3]}"
+        assert "restored rollout" in (stack.logs / "gateway-2.log").read_text()  # it took over the victim's
+        sealed = {rid: httpx.post(f"{settings.gateway_url}/admin/rollouts/{rid}/seal", headers=admin,
+                                  timeout=60).json()["call_ids"] for rid in rollout_ids}
+    finally:
+        stack.down(keep_kafka=True)
+    for rid in rollout_ids:
+        events = asyncio.run(recorded(bus, rid, len(sealed[rid]) + 1))
+        calls = sorted((e for e in events if isinstance(e, ModelCall)), key=lambda c: c.seq)
+        assert [c.seq for c in calls] == list(range(len(calls))), f"{rid}: seqs {[c.seq for c in calls]}"
+        assert len(calls) >= TURNS and sorted(sealed[rid]) == sorted(c.call_id for c in calls)
+        assert any(isinstance(e, RolloutSealed) for e in events)
