@@ -4,9 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 UV     := 0.13.9
 
-.PHONY: setup test lint run kafka-up kafka-down kafka-status bench lock clean
+.PHONY: setup system test lint run kafka-up kafka-down kafka-status bench lock clean
 
-setup: $(VENV)/.installed
+setup: system $(VENV)/.installed
+
+# HAProxy fronts gateway replicas (TETHER_STACK_GATEWAY_REPLICAS, and their tests): Debian's package, installed
+# here when we may (root with apt-get), else named.
+system:
+	@command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make: installing haproxy (Debian)"; apt-get update -qq && apt-get install -y -qq haproxy >/dev/null; \
+	  else echo "make: gateway replicas need HAProxy: install it (Debian: sudo apt-get install haproxy)"; exit 1; fi; }
 
 # One resolve against the lock file (uv, no backtracking); re-runs when either file changes.
 # Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set nothing caches it later, and every
