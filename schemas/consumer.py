@@ -20,11 +20,13 @@ from typing import Protocol, TypeAlias
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from schemas.access import refusal
 from schemas.deadletters import Rejection, accept
 from schemas.errors import DeliveryError
 from schemas.events import Event
 from schemas.lifecycle import Lifecycle
 from schemas.producer import Delivery
+from schemas.security import client_kwargs
 from schemas.settings import BusSettings
 from schemas.topics import Topic
 
@@ -70,6 +72,7 @@ class EventConsumer(Lifecycle):
         name: str | None = None,
     ) -> None:
         self._deadletters = deadletters
+        self._settings = settings
         self._name = name or group_id or settings.client_id
         self._consumer = AIOKafkaConsumer(
             *[t.name for t in topics],
@@ -82,6 +85,7 @@ class EventConsumer(Lifecycle):
             max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
             fetch_max_bytes=max(settings.max_request_bytes, 8 * settings.max_partition_fetch_bytes),
             request_timeout_ms=max(settings.request_timeout_ms, 40_000),
+            **client_kwargs(settings),
         )
         self.dead_lettered = 0
 
@@ -89,7 +93,9 @@ class EventConsumer(Lifecycle):
         try:
             await self._consumer.start()
         except KafkaError as exc:
-            raise DeliveryError(f"consumer cannot reach Kafka: {exc!r}") from exc
+            await self._consumer.stop()
+            denied = await refusal(exc, self._settings, self._name, "read")
+            raise denied or DeliveryError(f"consumer cannot reach Kafka: {exc!r}") from exc
 
     async def stop(self) -> None:
         await self._consumer.stop()

@@ -9,7 +9,12 @@
     │   └── CorruptRecord   the body does not match its writer schema, or decodes to an invalid event
     ├── SchemaError         the schema folder and the event classes disagree (a programming error)
     ├── DeliveryError       Kafka did not acknowledge an event in time: never report it as stored
-    └── TopicSetupError     topics could not be created, or exist with another shape
+    ├── TopicSetupError     topics could not be created, or exist with another shape
+    └── AccessDenied        Kafka refused this client; the message names the client, its principal and what
+        │                   was refused (schemas.access)
+        ├── AuthenticationFailed  the SASL login failed: wrong username or password
+        ├── UntrustedBroker       the broker's certificate does not verify against the trusted CAs
+        └── NotAuthorized         no ACL allows this principal the operation on the topic or group
 """
 
 
@@ -52,3 +57,19 @@ class DeliveryError(BusError):
 
 class TopicSetupError(BusError):
     """Topic creation failed or an existing topic does not match the catalogue."""
+
+
+class AccessDenied(BusError):
+    """Kafka refused this client: retrying will not help until a setting or an ACL changes."""
+
+
+class AuthenticationFailed(AccessDenied):
+    """The SASL login failed."""
+
+
+class UntrustedBroker(AccessDenied):
+    """TLS: the broker's certificate (or its host name) does not verify."""
+
+
+class NotAuthorized(AccessDenied):
+    """An ACL is missing for the operation."""

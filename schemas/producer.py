@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from schemas.access import authorization_error, refusal
 from schemas.errors import DeliveryError
 from schemas.events import Event
 from schemas.lifecycle import Lifecycle
+from schemas.security import client_kwargs
 from schemas.serde import encode
 from schemas.settings import BusSettings
 from schemas.topics import key_for, topic_for
@@ -32,22 +34,26 @@ class EventProducer(Lifecycle):
 
     def __init__(self, settings: BusSettings, client_id: str | None = None) -> None:
         self._settings = settings
+        self._client_id = client_id or settings.client_id
         self._producer = AIOKafkaProducer(
             bootstrap_servers=settings.bootstrap_servers,
-            client_id=client_id or settings.client_id,
+            client_id=self._client_id,
             acks="all",
             enable_idempotence=True,
             linger_ms=settings.linger_ms,
             compression_type=settings.compression_type,
             max_request_size=settings.max_request_bytes,
             request_timeout_ms=settings.request_timeout_ms,
+            **client_kwargs(settings),
         )
 
     async def start(self) -> None:
         try:
             await self._producer.start()
         except KafkaError as exc:
-            raise DeliveryError(f"cannot reach Kafka at {self._settings.bootstrap_servers}: {exc!r}") from exc
+            await self.stop()
+            denied = await refusal(exc, self._settings, self._client_id, "connect")
+            raise denied or DeliveryError(f"cannot reach Kafka at {self._settings.bootstrap_servers}: {exc!r}") from exc
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Flush and close; bounded, because an idempotent producer would wait for an absent broker forever."""
@@ -72,5 +78,6 @@ class EventProducer(Lifecycle):
                 pending = [await self._producer.send(topic, value, key=key) for topic, key, value in records]
                 metas = await asyncio.gather(*pending)
         except (KafkaError, TimeoutError) as exc:
-            raise DeliveryError(f"{len(records)} event(s) not acknowledged: {exc!r}") from exc
+            denied = authorization_error(exc, self._settings, self._client_id, "write to")
+            raise denied or DeliveryError(f"{len(records)} event(s) not acknowledged: {exc!r}") from exc
         return [Delivery(m.topic, m.partition, m.offset) for m in metas]

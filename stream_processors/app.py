@@ -14,6 +14,8 @@ from __future__ import annotations
 import faust
 
 from schemas import topics
+from schemas.security import ssl_context
+from schemas.settings import BusSettings
 from stream_processors.agents import Processors
 from stream_processors.settings import ProcessorSettings
 
@@ -29,7 +31,20 @@ def internal_topics(settings: ProcessorSettings) -> list[topics.Topic]:
                      "the join table's changelog", max_bytes=topics.SAMPLES.max_bytes, compacted=True),
         topics.Topic(f"{app_id}-groups-changelog", "group_id", topics.SAMPLES.partitions, (),
                      "the group table's changelog", max_bytes=topics.SAMPLES.max_bytes, compacted=True),
+        # Faust's own leader-election topic, made here so that it is replicated like the others.
+        topics.Topic(f"{app_id}-__assignor-__leader", "", 1, (), "Faust's leader election",
+                     max_bytes=topics.CONTROL.max_bytes),
     ]
+
+
+def broker_credentials(bus: BusSettings) -> faust.auth.Credentials | None:
+    """Faust's form of the bus's security settings, from the same SSL context and user every other client
+    gets (schemas.security)."""
+    context = ssl_context(bus)
+    if (login := bus.sasl_login) is not None:
+        return faust.SASLCredentials(username=login[0], password=login[1], ssl_context=context,
+                                     mechanism=bus.sasl_mechanism)
+    return faust.SSLCredentials(context) if context is not None else None
 
 
 def create_app(settings: ProcessorSettings) -> faust.App:
@@ -37,11 +52,14 @@ def create_app(settings: ProcessorSettings) -> faust.App:
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{server.strip()}" for server in bus.bootstrap_servers.split(",")],
+        broker_credentials=broker_credentials(bus),
         store="memory://",
         datadir=str(settings.data_dir),
         processing_guarantee="at_least_once",
         topic_partitions=topics.CALLS.partitions,
-        topic_replication_factor=bus.replication_factor,
+        # Every topic Faust would create is created first (internal_topics), with the replication the cluster
+        # allows, and Faust leaves existing topics as they are: this only matters for one it would make itself.
+        topic_replication_factor=bus.replication_factor or 1,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         producer_max_request_size=bus.max_request_bytes,
