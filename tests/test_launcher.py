@@ -14,6 +14,7 @@ from infra.errors import BrokerBusy, PortInUse, PrerequisiteMissing
 from infra.kafka import jars
 from infra.kafka.config import server_properties
 from infra.kafka.launcher import KafkaBroker, new_cluster_id
+from infra.kafka.tls import Certificates
 from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port
 from tests.conftest import broker_settings
@@ -26,14 +27,46 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=120)
 
 
+def props_of(settings: BrokerSettings, node: int = 1, certs: Certificates | None = None) -> dict[str, str]:
+    text = server_properties(settings, node, settings.state_dir / "data", certs)
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+
 def test_config_is_single_node_kraft_on_loopback(tmp_path: Path) -> None:
     settings = BrokerSettings(state_dir=tmp_path, port=19092, controller_port=19093)
-    props = dict(line.split("=", 1) for line in server_properties(settings, tmp_path / "data").splitlines() if line)
+    props = props_of(settings)
     assert props["process.roles"] == "broker,controller"
     assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
     assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
     assert props["log.dirs"] == str((tmp_path / "data").resolve())
     assert props["auto.create.topics.enable"] == "false"
+    assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("1", "1")
+
+
+def test_three_nodes_form_one_quorum_with_replication_3_and_min_insync_2(tmp_path: Path) -> None:
+    settings = BrokerSettings(state_dir=tmp_path, brokers=3, port=19092, controller_port=19093)
+    assert settings.bootstrap == "127.0.0.1:19092,127.0.0.1:19102,127.0.0.1:19112"
+    props = props_of(settings, node=2)
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093,2@127.0.0.1:19103,3@127.0.0.1:19113"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19102"
+    assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("3", "2")
+    assert props["offsets.topic.replication.factor"] == "3"
+    assert props["unclean.leader.election.enable"] == "false"
+
+
+def test_secured_nodes_take_clients_on_sasl_ssl_and_each_other_on_mutual_tls(tmp_path: Path) -> None:
+    settings = BrokerSettings(state_dir=tmp_path, brokers=3, security="sasl_ssl", port=19092,
+                              controller_port=19093, internal_port=19094)
+    props = props_of(settings, node=3, certs=Certificates(tmp_path / "tls"))
+    assert props["listener.security.protocol.map"] == "CLIENT:SASL_SSL,INTERNAL:SSL,CONTROLLER:SSL"
+    assert props["advertised.listeners"] == "CLIENT://127.0.0.1:19112,INTERNAL://127.0.0.1:19114"
+    assert props["listener.name.client.sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["listener.name.internal.ssl.client.auth"] == props["listener.name.controller.ssl.client.auth"] \
+        == "required"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:admin;User:kafka-node-1;User:kafka-node-2;User:kafka-node-3"
+    assert props["ssl.keystore.location"].endswith("tls/kafka-node-3.pem")
 
 
 def test_missing_java_is_one_clear_line(tmp_path: Path) -> None:
@@ -118,15 +151,13 @@ def test_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert "ready on" in up.stderr
     try:
         assert run_cli("kafka", "status", env=env).returncode == 0
-        created = run_cli("topics", "create", env=env)
-        assert "tether.calls" in created.stderr
-        assert "All topics exist" in run_cli("topics", "create", env=env).stderr
+        assert "All topics exist" in run_cli("topics", "create", env=env).stderr  # `up` created the catalogue
     finally:
         down = run_cli("kafka", "down", env=env)
     assert down.returncode == 0 and "stopped" in down.stderr
     assert KafkaBroker(settings).pid() is None
     assert run_cli("kafka", "wipe", env=env).returncode == 0
-    assert not (settings.state_dir / "data").exists()
+    assert not (settings.state_dir / "node-1").exists()
 
 
 def test_cluster_ids_are_kafka_uuids_the_storage_tool_accepts() -> None:
