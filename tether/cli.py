@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -13,11 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether import cli_pipeline, cli_stack
+from tether import cli_kafka, cli_pipeline, cli_stack
 from tether.cli_support import console, fail, failing_cleanly, load_settings
 
 if TYPE_CHECKING:
-    from infra.kafka.launcher import KafkaBroker
     from schemas.settings import BusSettings
     from schemas.topics import Topic
 
@@ -32,14 +30,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-kafka_app = typer.Typer(help="The local Apache Kafka broker (single node, KRaft).", no_args_is_help=True)
 topics_app = typer.Typer(help="The topic catalogue on the bus.", no_args_is_help=True)
 events_app = typer.Typer(help="Events on the bus, decoded.", no_args_is_help=True)
 engine_app = typer.Typer(help="The embedded inference engine (vLLM-compatible completions).", no_args_is_help=True)
 gateway_app = typer.Typer(help="The gateway harnesses call (OpenAI and Anthropic APIs); records every call.",
                           no_args_is_help=True)
 model_app = typer.Typer(help="Models: build the tiny one the tests and the demo use.", no_args_is_help=True)
-app.add_typer(kafka_app, name="kafka", rich_help_panel="Services")
+app.add_typer(cli_kafka.kafka_app, name="kafka", rich_help_panel="Services")
 app.add_typer(engine_app, name="engine", rich_help_panel="Services")
 app.add_typer(gateway_app, name="gateway", rich_help_panel="Services")
 app.add_typer(cli_pipeline.controller_app, name="controller", rich_help_panel="Services")
@@ -62,60 +59,6 @@ app.command("demo", rich_help_panel="Stack")(cli_stack.demo)
 def main() -> None:
     # Clients log every refused connection; the user gets our one-line error instead.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-
-
-def _broker() -> KafkaBroker:
-    from infra.kafka.launcher import KafkaBroker
-    from infra.kafka.settings import BrokerSettings
-
-    return KafkaBroker(load_settings(BrokerSettings))
-
-
-@kafka_app.command("up")
-def kafka_up() -> None:
-    """Fetch (first time), format (first time) and start the broker; wait until it answers."""
-    broker = _broker()
-    with failing_cleanly(), console.status(f"Starting Kafka {broker.settings.version} on {broker.bootstrap}..."):
-        pid = broker.start()
-    typer.echo(f"Kafka {broker.settings.version} ready on {broker.bootstrap} (pid {pid})", err=True)
-
-
-@kafka_app.command("down")
-def kafka_down(force: Annotated[bool, typer.Option(help="SIGKILL instead of a clean shutdown.")] = False) -> None:
-    """Stop the broker by its PID."""
-    broker = _broker()
-    with failing_cleanly():
-        stopped = broker.stop(force=force)
-    typer.echo("Kafka stopped." if stopped else "Kafka was not running.", err=True)
-
-
-@kafka_app.command("status")
-def kafka_status() -> None:
-    """Running, ready (answers metadata requests), where, and which data."""
-    status = _broker().status()
-    table = Table(show_header=False, box=None)
-    for field in dataclasses.fields(status):
-        table.add_row(field.name, str(getattr(status, field.name)))
-    Console().print(table)
-    raise typer.Exit(0 if status.ready else 3)
-
-
-@kafka_app.command("fetch")
-def kafka_fetch() -> None:
-    """Download the broker's jars with Maven into the cache (outside git)."""
-    broker = _broker()
-    with failing_cleanly(), console.status("Fetching Kafka with Maven..."):
-        libs = broker.fetch()
-    typer.echo(f"Kafka {broker.settings.version} jars in {libs}", err=True)
-
-
-@kafka_app.command("wipe")
-def kafka_wipe() -> None:
-    """Delete the broker's data (topics and offsets); it must be stopped."""
-    broker = _broker()
-    with failing_cleanly():
-        broker.wipe()
-    typer.echo(f"Wiped {broker.data_dir}", err=True)
 
 
 @topics_app.command("create")
