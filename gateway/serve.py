@@ -24,6 +24,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def serve(settings: GatewaySettings) -> None:
+    settings.check_exposure()  # DevelopmentKeysExposed before anything starts
     # Encoding one prompt on a thread pool costs more than it saves, and the cores are the engine's.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     handler = logging.StreamHandler()

@@ -6,6 +6,7 @@ priority: the environment wins over it, flags over both).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -20,6 +21,27 @@ from pydantic_settings import (
 
 from schemas.settings import BusSettings
 
+#: Built-in so that tests and `tether up` on one machine need no set-up; anyone can read them here.
+DEVELOPMENT_SECRET = "tether-dev-secret"
+DEVELOPMENT_ADMIN_KEY = "tether-dev-admin"
+
+
+class DevelopmentKeysExposed(ValueError):
+    """The gateway was asked to listen beyond this machine with a built-in development key."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can connect: localhost, 127.0.0.0/8, ::1 (and ::ffff:127.x.y.z)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a host name other than localhost may resolve to any interface
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TETHER_GATEWAY_", frozen=True)
@@ -29,8 +51,8 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     public_url: str | None = Field(None, description="How harnesses reach it; defaults to http://host:port.")
-    secret: str = Field("tether-dev-secret", min_length=8, description="HMAC key of rollout tokens.")
-    admin_key: str = Field("tether-dev-admin", min_length=8, description="Key for /admin endpoints.")
+    secret: str = Field(DEVELOPMENT_SECRET, min_length=8, description="HMAC key of rollout tokens.")
+    admin_key: str = Field(DEVELOPMENT_ADMIN_KEY, min_length=8, description="Key for /admin endpoints.")
     path_binding_requires_token: bool = Field(
         True, description="/rollouts/{id}/v1/... also needs that rollout's token as the API key; turn off only "
         "for harnesses whose key cannot be set, on a network where rollouts trust each other."
@@ -49,6 +71,21 @@ class GatewaySettings(BaseSettings):
     @property
     def url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+    def check_exposure(self) -> None:
+        """Refuse a non-loopback address while a key is the built-in one: with it anyone who has read this
+        file could mint a token for any rollout, or pause the run through /admin."""
+        if is_loopback(self.host):
+            return
+        prefix = self.model_config.get("env_prefix", "")
+        kept = [(f"{prefix}{name.upper()}", what) for name, what, default in (
+            ("secret", "secret", DEVELOPMENT_SECRET), ("admin_key", "admin key", DEVELOPMENT_ADMIN_KEY))
+            if getattr(self, name) == default]
+        if kept:
+            raise DevelopmentKeysExposed(
+                f"refusing to serve on {self.host} with the built-in development "
+                f"{' and '.join(what for _, what in kept)}: set {' and '.join(var for var, _ in kept)} "
+                "(8+ characters; the controller's TETHER_CONTROLLER_GATEWAY_* to match), or serve on 127.0.0.1")
 
     @classmethod
     def settings_customise_sources(

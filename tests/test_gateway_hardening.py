@@ -1,15 +1,25 @@
-"""The gateway as a new user meets it: odd text refused in the caller's protocol, never a 5xx."""
+"""The gateway as a new user meets it: development keys kept off the network, odd text refused in the caller's
+protocol (never a 5xx)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from typer.testing import CliRunner
 
+from gateway import serve as serve_module
+from gateway.settings import DevelopmentKeysExposed, GatewaySettings
 from tests.conftest import RunningGateway
 from tests.test_gateway_openai import new_rollout
+from tether import cli
 
 # -- lone UTF-16 surrogates: a 400 naming the field, in the caller's protocol ----------
 
@@ -78,3 +88,61 @@ def test_numbers_json_cannot_carry_are_a_400(scripted_gateway: RunningGateway, p
     body = json.dumps(paired(path)).replace('"max_tokens": 4', f'"max_tokens": {number}')
     response = post(scripted_gateway, path, body)
     assert response.status_code == 400 and error_message(path, response).startswith("malformed JSON body")
+
+
+# -- development keys stay on this machine ----------------------------------------------
+
+SECRET, ADMIN_KEY = "a-real-secret-1", "a-real-admin-key-1"
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("SECRET", "ADMIN_KEY", "CONFIG", "HOST"):
+        monkeypatch.delenv(f"TETHER_GATEWAY_{name}", raising=False)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    return monkeypatch
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "[::1]",
+                                  "::ffff:127.0.0.1"])
+def test_loopback_serves_with_the_development_keys(clean_env: pytest.MonkeyPatch, host: str) -> None:
+    GatewaySettings(host=host).check_exposure()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "192.168.0.7", "2001:db8::1", "gateway.internal",
+                                  "localhost.example.com", "128.0.0.1"])
+def test_other_addresses_refuse_each_development_key_by_its_variable(clean_env: pytest.MonkeyPatch,
+                                                                     host: str) -> None:
+    with pytest.raises(DevelopmentKeysExposed) as both:
+        GatewaySettings(host=host).check_exposure()
+    assert "TETHER_GATEWAY_SECRET and TETHER_GATEWAY_ADMIN_KEY" in str(both.value)
+    with pytest.raises(DevelopmentKeysExposed) as one:
+        GatewaySettings(host=host, secret=SECRET).check_exposure()
+    assert "TETHER_GATEWAY_ADMIN_KEY" in str(one.value) and "TETHER_GATEWAY_SECRET" not in str(one.value)
+    clean_env.setenv("TETHER_GATEWAY_ADMIN_KEY", ADMIN_KEY)  # from the environment, as deployed
+    with pytest.raises(DevelopmentKeysExposed, match="set TETHER_GATEWAY_SECRET "):
+        GatewaySettings(host=host).check_exposure()
+    GatewaySettings(host=host, secret=SECRET, admin_key=ADMIN_KEY).check_exposure()
+
+
+def test_serve_refuses_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_GATEWAY_")}
+    done = subprocess.run([sys.executable, "-m", "tether.cli", "gateway", "serve", "--host", "0.0.0.0",
+                           "--tokenizer", str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("tether: refusing to serve on 0.0.0.0 with the built-in development secret and admin key")
+    assert "TETHER_GATEWAY_SECRET and TETHER_GATEWAY_ADMIN_KEY" in line
+
+
+@pytest.mark.parametrize(("host", "env"), [("127.0.0.1", {}), ("0.0.0.0", {
+    "TETHER_GATEWAY_SECRET": SECRET, "TETHER_GATEWAY_ADMIN_KEY": ADMIN_KEY})])
+def test_serve_listens_where_it_may(clean_env: pytest.MonkeyPatch, tmp_path: Path, host: str,
+                                    env: dict[str, str]) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    listened: list[str] = []
+    clean_env.setattr(serve_module, "create_app", lambda settings: settings)
+    clean_env.setattr(uvicorn, "run", lambda app, host, **_: listened.append(host))
+    result = CliRunner().invoke(cli.app, ["gateway", "serve", "--host", host, "--tokenizer", str(tmp_path)], env=env)
+    assert result.exit_code == 0, result.output
+    assert listened == [host]

@@ -169,10 +169,14 @@ def gateway_serve(
 ) -> None:
     """Serve the harness APIs until interrupted (settings: TETHER_GATEWAY_*, Kafka: TETHER_BUS_*)."""
     from gateway.serve import serve
-    from gateway.settings import GatewaySettings
+    from gateway.settings import DevelopmentKeysExposed, GatewaySettings
 
     settings = load_settings(GatewaySettings, engines=engine or None, tokenizer=tokenizer, host=host, port=port,
                              run_id=run_id)
+    try:
+        settings.check_exposure()
+    except DevelopmentKeysExposed as exc:
+        fail(str(exc), 2)
     if not (settings.tokenizer / "tokenizer.json").is_file():
         fail(f"--tokenizer/TETHER_GATEWAY_TOKENIZER: {settings.tokenizer} has no tokenizer.json"
              " (build a model with `tether model init-tiny`)")
