@@ -56,6 +56,7 @@ class Call:
     chat: ChatRequest
     #: generations, usage, weight version → the response body exactly as the harness will see it (and the record)
     respond: Callable[[list[Generation], TokenUsage, int], BaseModel]
+    issued_at: float | None = None  # when the rollout's token was minted: its history starts no earlier
 
 
 @dataclass
@@ -135,20 +136,21 @@ class Gateway:
     def register(self, rollout_id: str, run_id: str) -> Rollout:
         return self.rollouts.register(rollout_id, run_id)
 
-    async def rollout(self, rollout_id: str) -> Rollout:
-        """The rollout from memory, or else from the log: read once, however many calls ask at the same time."""
+    async def rollout(self, rollout_id: str, issued_at: float | None = None) -> Rollout:
+        """The rollout from memory, or else from the log: read once, however many calls ask at the same time.
+        `issued_at` (its token's) bounds how far back its history can start."""
         found = self.rollouts.find(rollout_id)
         if found is not None or self.history is None:
             return found or self.rollouts.get(rollout_id)
         task = self._restoring.get(rollout_id)
         if task is None:
-            task = self._restoring[rollout_id] = asyncio.create_task(self._restore(rollout_id, self.history))
+            since = max(issued_at or 0.0, time.time() - self.history.window_s)
+            task = self._restoring[rollout_id] = asyncio.create_task(self._restore(rollout_id, self.history, since))
             task.add_done_callback(lambda _: self._restoring.pop(rollout_id, None))
         return await asyncio.shield(task)
 
-    async def _restore(self, rollout_id: str, history: RolloutHistory) -> Rollout:
+    async def _restore(self, rollout_id: str, history: RolloutHistory, since: float) -> Rollout:
         started = time.perf_counter()
-        since = time.time() - history.window_s
         try:
             recovered = await history.read(rollout_id, since)
         except BusError as exc:
@@ -189,9 +191,10 @@ class Gateway:
                                                        call_ids=call_ids))
         return call_ids
 
-    async def report_reward(self, rollout_id: str, reward: float, details: dict[str, Any] | None) -> None:
+    async def report_reward(self, rollout_id: str, reward: float, details: dict[str, Any] | None,
+                            issued_at: float | None = None) -> None:
         """A harness's own reward for its rollout, on the record next to its calls."""
-        rollout = await self.rollout(rollout_id)
+        rollout = await self.rollout(rollout_id, issued_at)
         if not math.isfinite(reward):
             raise InvalidRequest("reward must be a finite number", "reward")
         await self.recorder.event(events.RewardReported(
@@ -212,13 +215,13 @@ class Gateway:
         return self._run(call, stream=True)
 
     async def _run(self, call: Call, stream: bool) -> AsyncIterator[Started | Delta | Finished]:
-        await self.rollout(call.rollout_id)
+        await self.rollout(call.rollout_id, call.issued_at)
         self.rollouts.open(call.rollout_id)
         received = datetime.now(UTC)
         started = time.perf_counter()
         self.metrics.requests.labels(call.api).inc()
         async with self.gate.admit() as held_s:
-            await self.rollout(call.rollout_id)  # forgotten while the call was held: restored again
+            await self.rollout(call.rollout_id, call.issued_at)  # forgotten while held: restored again
             rollout = self.rollouts.open(call.rollout_id)  # it may have been sealed while the call was held
             attempt = _Attempt(call=call, rollout=rollout, seq=self.rollouts.begin_call(rollout),
                                call_id=f"call-{uuid.uuid4().hex}", received=received, held_s=held_s)

@@ -1,7 +1,9 @@
 """Rollout tokens: the API key a harness gets, binding every call it makes to its own rollout.
 
-A token is `tr1.<rollout id, base64url>.<HMAC-SHA256 of the id with the gateway secret, base64url>`.
-The controller mints it, the gateway verifies it; neither needs to remember it.
+A token is `tr2.<rollout id, base64url>.<issued at, unix seconds>.<HMAC-SHA256 of both with the gateway
+secret, base64url>`. The controller mints it, the gateway verifies it; neither needs to remember it. The
+issue time bounds where a gateway that does not hold the rollout starts reading its history in the log.
+Tokens of the first form, `tr1.<id>.<HMAC of the id>`, still verify (with no issue time).
 """
 
 from __future__ import annotations
@@ -10,8 +12,17 @@ import base64
 import binascii
 import hashlib
 import hmac
+import time
+from dataclasses import dataclass
 
-PREFIX = "tr1"
+PREFIX = "tr2"
+_V1 = "tr1"
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    rollout_id: str
+    issued_at: int | None  # unix seconds; None for a tr1 token
 
 
 def _b64(data: bytes) -> str:
@@ -22,24 +33,39 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _signature(rollout_id: str, secret: str) -> bytes:
-    return hmac.new(secret.encode(), rollout_id.encode(), hashlib.sha256).digest()
+def _signature(message: str, secret: str) -> bytes:
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).digest()
 
 
-def mint(rollout_id: str, secret: str) -> str:
+def mint(rollout_id: str, secret: str, issued_at: int | None = None) -> str:
     if not rollout_id or not secret:
         raise ValueError("rollout_id and secret must not be empty")
-    return f"{PREFIX}.{_b64(rollout_id.encode())}.{_b64(_signature(rollout_id, secret))}"
+    issued = int(time.time()) if issued_at is None else issued_at
+    signature = _signature(f"{PREFIX}|{issued}|{rollout_id}", secret)
+    return f"{PREFIX}.{_b64(rollout_id.encode())}.{issued}.{_b64(signature)}"
+
+
+def claims(token: str, secret: str) -> Claims | None:
+    """What a valid token says, or None if it is not a valid token for this secret."""
+    parts = token.split(".")
+    try:
+        rollout_id = _unb64(parts[1]).decode() if len(parts) in (3, 4) else ""
+        signature = _unb64(parts[-1])
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    if not rollout_id:
+        return None
+    if len(parts) == 3 and parts[0] == _V1:
+        message, issued = rollout_id, None
+    elif len(parts) == 4 and parts[0] == PREFIX and parts[2].isdigit() and parts[2].isascii():
+        issued = int(parts[2])
+        message = f"{PREFIX}|{issued}|{rollout_id}"
+    else:
+        return None
+    return Claims(rollout_id, issued) if hmac.compare_digest(signature, _signature(message, secret)) else None
 
 
 def verify(token: str, secret: str) -> str | None:
     """The rollout id the token was minted for, or None if it is not a valid token for this secret."""
-    parts = token.split(".")
-    if len(parts) != 3 or parts[0] != PREFIX:
-        return None
-    try:
-        rollout_id = _unb64(parts[1]).decode()
-        signature = _unb64(parts[2])
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-    return rollout_id if rollout_id and hmac.compare_digest(signature, _signature(rollout_id, secret)) else None
+    found = claims(token, secret)
+    return found.rollout_id if found is not None else None

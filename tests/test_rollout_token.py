@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.rollout_token import mint, verify
+from schemas.rollout_token import Claims, claims, mint, verify
 
 ids = st.text(min_size=1, max_size=80)
 
@@ -23,11 +23,36 @@ def test_a_token_does_not_verify_with_another_secret(rollout_id: str, other: str
 
 @given(ids, ids)
 def test_a_token_cannot_be_moved_to_another_rollout(a: str, b: str) -> None:
-    prefix, _, signature = mint(a, "s").split(".")
-    forged = mint(b, "s").split(".")[1]
-    assert verify(f"{prefix}.{forged}.{signature}", "s") in (None, a if a == b else None)
+    prefix, _, issued, signature = mint(a, "s", 1000).split(".")
+    forged = mint(b, "s", 1000).split(".")[1]
+    assert verify(f"{prefix}.{forged}.{issued}.{signature}", "s") in (None, a if a == b else None)
 
 
 @given(st.text(max_size=100))
 def test_garbage_is_not_a_token(text: str) -> None:
     assert verify(text, "s") is None
+
+
+@given(ids, st.integers(0, 2**40))
+def test_a_token_carries_its_issue_time(rollout_id: str, issued_at: int) -> None:
+    assert claims(mint(rollout_id, "s", issued_at), "s") == Claims(rollout_id, issued_at)
+
+
+@given(ids, st.integers(0, 2**40), st.integers(0, 2**40))
+def test_the_issue_time_cannot_be_changed(rollout_id: str, issued_at: int, other: int) -> None:
+    prefix, rid, _, signature = mint(rollout_id, "s", issued_at).split(".")
+    forged = f"{prefix}.{rid}.{other}.{signature}"
+    assert claims(forged, "s") == (Claims(rollout_id, issued_at) if other == issued_at else None)
+
+
+def test_first_form_tokens_still_verify_without_an_issue_time() -> None:
+    import base64
+    import hashlib
+    import hmac
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    old = f"tr1.{b64(b'r-1')}.{b64(hmac.new(b's', b'r-1', hashlib.sha256).digest())}"
+    assert claims(old, "s") == Claims("r-1", None) and verify(old, "s") == "r-1"
+    assert verify(old, "another secret") is None

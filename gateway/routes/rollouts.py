@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from gateway.errors import Forbidden
 from gateway.routes.common import OpenAIRoute, Service, Settings, api_key, parse_body, require_admin
-from schemas.rollout_token import verify
+from schemas.rollout_token import Claims, claims
 
 router = APIRouter(route_class=OpenAIRoute)
 
@@ -25,11 +25,13 @@ class Reward(BaseModel):
     details: dict[str, Any] | None = None
 
 
-def _rollout_token(request: Request, rollout_id: str, settings: Settings) -> None:
+def _rollout_token(request: Request, rollout_id: str, settings: Settings) -> Claims:
     """Only the rollout's own harness may speak for it."""
     key = api_key(request)
-    if not key or verify(key, settings.secret) != rollout_id:
+    found = claims(key, settings.secret) if key else None
+    if found is None or found.rollout_id != rollout_id:
         raise Forbidden("a reward needs this rollout's token as the API key")
+    return found
 
 
 @router.post("/admin/rollouts", dependencies=[Depends(require_admin)])
@@ -45,8 +47,9 @@ async def seal(rollout_id: str, gateway: Service) -> Response:
     return JSONResponse({"rollout_id": rollout_id, "n_calls": len(call_ids), "call_ids": call_ids})
 
 
-@router.post("/rollouts/{rollout_id}/reward", dependencies=[Depends(_rollout_token)])
-async def reward(request: Request, rollout_id: str, gateway: Service, settings: Settings) -> Response:
+@router.post("/rollouts/{rollout_id}/reward")
+async def reward(request: Request, rollout_id: str, gateway: Service, settings: Settings,
+                 token: Annotated[Claims, Depends(_rollout_token)]) -> Response:
     parsed, _ = await parse_body(request, Reward, settings)
-    await gateway.report_reward(rollout_id, parsed.reward, parsed.details)
+    await gateway.report_reward(rollout_id, parsed.reward, parsed.details, token.issued_at)
     return JSONResponse({"rollout_id": rollout_id, "reward": parsed.reward})
