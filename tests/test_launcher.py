@@ -14,8 +14,8 @@ from infra.errors import BrokerBusy, PortInUse, PrerequisiteMissing
 from infra.kafka import jars
 from infra.kafka.config import server_properties
 from infra.kafka.launcher import KafkaBroker, new_cluster_id
-from infra.kafka.tls import Certificates
 from infra.kafka.settings import BrokerSettings
+from infra.kafka.tls import Certificates
 from infra.processes import free_port
 from tests.conftest import broker_settings
 

@@ -78,13 +78,9 @@ def kafka_env(service: Annotated[str, typer.Argument(help="gateway, controller, 
     if broker.settings.secured and service not in USERS:
         fail(f"no Kafka user {service!r}; the users are {', '.join(USERS)}")
     with failing_cleanly():
-        bus = broker.client_settings(service)
-    values = {"BOOTSTRAP_SERVERS": bus.bootstrap_servers, "SECURITY_PROTOCOL": bus.security_protocol}
-    if bus.sasl_login is not None:
-        values |= {"SASL_MECHANISM": bus.sasl_mechanism, "USERNAME": bus.sasl_login[0],
-                   "PASSWORD": bus.sasl_login[1], "CA_FILE": str(bus.ca_file)}
-    for name, value in values.items():
-        typer.echo(f"export TETHER_BUS_{name}={shlex.quote(value)}")
+        env = broker.client_env(service)
+    for name, value in env.items():
+        typer.echo(f"export {name}={shlex.quote(value)}")
 
 
 @kafka_app.command("fetch")

@@ -141,10 +141,20 @@ class KafkaBroker:
 
     def client_settings(self, user: str = ADMIN, **overrides: Any) -> BusSettings:
         """How a client reaches this cluster as `user` (a service's name from the ACL table, or admin)."""
-        if not self.settings.secured:
-            return BusSettings(bootstrap_servers=self.bootstrap, **overrides)
-        return BusSettings(bootstrap_servers=self.bootstrap, security_protocol="SASL_SSL", username=user,
-                           password=self.users.password(user), ca_file=self.certs.ca_cert.resolve(), **overrides)
+        fields: dict[str, Any] = {"bootstrap_servers": self.bootstrap}
+        if self.settings.secured:
+            fields |= {"security_protocol": "SASL_SSL", "username": user, "password": self.users.password(user),
+                       "ca_file": self.certs.ca_cert.resolve()}
+        return BusSettings(**(fields | overrides))
+
+    def client_env(self, user: str = ADMIN) -> dict[str, str]:
+        """The TETHER_BUS_* variables of `client_settings(user)`, for a service started as its own process."""
+        bus = self.client_settings(user)
+        env = {"BOOTSTRAP_SERVERS": bus.bootstrap_servers, "SECURITY_PROTOCOL": bus.security_protocol}
+        if bus.sasl_login is not None:
+            env |= {"SASL_MECHANISM": bus.sasl_mechanism, "USERNAME": bus.sasl_login[0],
+                    "PASSWORD": bus.sasl_login[1], "CA_FILE": str(bus.ca_file)}
+        return {f"TETHER_BUS_{name}": value for name, value in env.items()}
 
     def start(self) -> int:
         """Start every node that does not run, wait until the whole cluster answers, provision it; the PID of
@@ -167,7 +177,10 @@ class KafkaBroker:
         """Stop every node (or only `node`): SIGTERM (SIGKILL when forced) to all at once, escalating after
         stop_timeout_s; False if none was running."""
         with self._locked():
-            return self._stop(force, [n for n in self.nodes if node is None or n.id == node])
+            legacy = Node(1, self.state_dir)  # a broker started before nodes had folders of their own
+            everything = node is None and legacy.pid() is not None
+            stopped = self._stop(force, [legacy]) if everything else False
+            return self._stop(force, [n for n in self.nodes if node is None or n.id == node]) or stopped
 
     def probe(self, timeout_s: float = 5.0) -> str | None:
         """The cluster id, once every node is a registered broker; None if the cluster does not answer so.
@@ -212,7 +225,8 @@ class KafkaBroker:
         with self._locked():
             if self.pid() is not None:
                 raise BrokerBusy("Kafka is running; stop it (tether kafka down) before wiping its data")
-            for folder in (*self.state_dir.glob("node-*"), self.certs.folder, self.users.folder):
+            legacy = self.state_dir / "data"  # the single broker's data before nodes had folders of their own
+            for folder in (*self.state_dir.glob("node-*"), self.certs.folder, self.users.folder, legacy):
                 shutil.rmtree(folder, ignore_errors=True)
             self.shape_file.unlink(missing_ok=True)
 
