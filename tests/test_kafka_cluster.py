@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from pydantic import SecretStr, ValidationError
@@ -29,11 +30,12 @@ from schemas import topics
 from schemas.admin import admin_client
 from schemas.consumer import EventConsumer
 from schemas.errors import AuthenticationFailed, NotAuthorized, UntrustedBroker
-from schemas.events import Event, ModelCall, RolloutFinished, RolloutStarted, TaskGroup
+from schemas.events import Event, ModelCall, RolloutFinished, RolloutSealed, RolloutStarted, TaskGroup
 from schemas.producer import EventProducer
 from schemas.samples import unique_groups
 from schemas.settings import BusSettings
 from stream_processors.settings import ProcessorSettings
+from tests.conftest import RunningEngine, gateway
 from tests.factories import examples, synthetic_run
 
 NODES = 3
@@ -82,7 +84,7 @@ def test_each_service_has_only_its_own_topics_and_no_harness_user() -> None:
     assert set(USERS) == {"admin", "gateway", "controller", "processors", "trainer"}
     gateway, trainer = BY_NAME["gateway"], BY_NAME["trainer"]
     assert gateway.may("Write", topics.CALLS.name) and not gateway.may("Write", topics.SAMPLES.name)
-    assert not gateway.may("Read", topics.CALLS.name) and not trainer.may("Read", topics.CALLS.name)
+    assert not gateway.may("Read", topics.SAMPLES.name) and not trainer.may("Read", topics.CALLS.name)
     assert trainer.may("Read", topics.SAMPLES.name) and trainer.may("Write", topics.CONTROL.name)
     for user in SERVICES:  # every reader reports the records it rejects
         assert user.may("Write", topics.DEADLETTER.name), user.name
@@ -184,6 +186,33 @@ def test_the_cli_prints_a_refusal_as_one_line(cluster: KafkaBroker) -> None:
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "tether: tether as User:gateway may not read topic tether.samples: Kafka's ACLs do not allow it"]
+
+
+# -- services through the secured cluster, each as its own user ---------------------------------------------------
+
+
+def test_the_gateway_records_calls_as_its_own_user(cluster: KafkaBroker, fake_vllm: RunningEngine, tiny_model: Path,
+                                                   tmp_path: Path) -> None:
+    """The gateway's producer, its control-topic follower and its peer watch on tether.calls, all as User:gateway."""
+    with gateway(cluster.client_settings("gateway"), fake_vllm, tiny_model, tmp_path / "gateway.log",
+                 **cluster.client_env("gateway")) as gw:
+        rollout_id = f"r-{uuid.uuid4().hex[:10]}"
+        token = gw.register(rollout_id)
+        answer = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": f"Bearer {token}"},
+                            json={"model": "any", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 8},
+                            timeout=60)
+        assert answer.status_code == 200, answer.text
+        sealed = httpx.post(f"{gw.url}/admin/rollouts/{rollout_id}/seal", headers=gw.admin(), timeout=60)
+        assert sealed.json()["n_calls"] == 1
+
+    async def recorded() -> list[Event]:
+        processors = service(cluster, "processors")
+        async with EventProducer(processors) as deadletters, \
+                EventConsumer(processors, [topics.CALLS], deadletters, name="processors-test") as consumer:
+            return [r.event async for r in consumer.read_to_end() if getattr(r.event, "rollout_id", "") == rollout_id]
+
+    call, seal = asyncio.run(recorded())
+    assert isinstance(call, ModelCall) and isinstance(seal, RolloutSealed) and seal.call_ids == [call.call_id]
 
 
 # -- Faust through the secured cluster ---------------------------------------------------------------------------

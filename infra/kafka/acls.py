@@ -76,9 +76,10 @@ class ServiceUser:
 
 SERVICES: tuple[ServiceUser, ...] = (
     ServiceUser(
-        "gateway", "records every call and seal; rewards harnesses report; joins, drains and leaves on the "
-        "control topic, which it follows",
-        reads=(CONTROL.name,),
+        "gateway", "records every call and seal, and rewards harnesses report; joins, drains and leaves on the "
+        "control topic, which it follows; rebuilds a rollout it does not hold from calls and rollouts, and "
+        "watches calls for rollouts a peer replica served",
+        reads=(CONTROL.name, CALLS.name, ROLLOUTS.name),
         writes=(CALLS.name, ROLLOUTS.name, CONTROL.name, DEADLETTER.name),
     ),
     ServiceUser(
@@ -90,7 +91,7 @@ SERVICES: tuple[ServiceUser, ...] = (
         "processors", "joins calls to rollouts, groups them into task groups, sinks every topic to analytics",
         reads=(CALLS.name, ROLLOUTS.name, SAMPLES.name, CONTROL.name),
         writes=(SAMPLES.name, DEADLETTER.name),
-        owns=(Acl("topic", PROCESSOR_PREFIX, ("Create", "Read", "Write", "Describe", "DescribeConfigs"), "prefix"),
+        owns=(Acl("topic", PROCESSOR_PREFIX, ("Create", "Read", "Write", "Describe"), "prefix"),
               Acl("group", PROCESSOR_PREFIX, ("Read", "Describe"), "prefix")),
     ),
     ServiceUser(
