@@ -170,7 +170,8 @@ class KafkaBroker:
             asyncio_run(provision.provision(self.client_settings(client_id="tether-kafka-up"),
                                             acls=self.settings.secured))
             pid = self.pid()
-            assert pid is not None
+            if pid is None:
+                raise BrokerStartFailed(f"Kafka stopped right after it started; see {self.nodes[0].log_file}")
             return pid
 
     def stop(self, force: bool = False, node: int | None = None) -> bool:
