@@ -20,7 +20,7 @@ from typing import Protocol, TypeAlias
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from schemas.access import refusal
+from schemas.access import authorization_error, refusal
 from schemas.deadletters import Rejection, accept
 from schemas.errors import DeliveryError
 from schemas.events import Event
@@ -146,7 +146,13 @@ class EventConsumer(Lifecycle):
         """Like iteration, but a batch per fetch (possibly empty), so callers can stop on idleness. Records whose
         key `keys` refuses are passed over undecoded (a reader that wants them all judges them)."""
         while True:
-            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            try:
+                fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            except KafkaError as exc:
+                denied = authorization_error(exc, self._settings, self._name, "read")
+                if denied is None:
+                    raise
+                raise denied from exc
             batch: list[Received] = []
             try:
                 for records in fetched.values():

@@ -146,8 +146,14 @@ class RunningGateway:
 
 
 def start_gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path, run_id: str,
-                  port: int | None = None, **env: str) -> RunningGateway:
-    port = port or free_port()
+                  **env: str) -> RunningGateway:
+    return gateway_at(free_port(), bus, engine, tiny_model, log, run_id, env)
+
+
+def gateway_at(port: int, bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path, run_id: str,
+               env: dict[str, str] | None = None) -> RunningGateway:
+    """A gateway process on `port` (a restarted one comes back where harnesses look for it)."""
+    env = env or {}
     url, process = spawn(
         ["tether.cli", "gateway", "serve", "--engine", engine.url, "--tokenizer", str(tiny_model), "--port", str(port),
          "--run-id", run_id], log, "the gateway", port,

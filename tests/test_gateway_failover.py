@@ -19,7 +19,7 @@ from infra.processes import free_port, stop
 from schemas.events import ModelCall, RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from tests.conftest import RunningEngine, RunningGateway, start_gateway
+from tests.conftest import RunningEngine, RunningGateway, gateway_at, start_gateway
 from tests.factories import example
 from tests.test_gateway_openai import new_rollout, recorded
 
@@ -59,7 +59,7 @@ async def announce(bus: BusSettings, run_id: str, rollout_id: str) -> None:
 def test_a_gateway_killed_mid_episode_serves_the_rollout_again(
         bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
     port, run_id = free_port(), f"restart-{time.monotonic_ns()}"
-    gw = start_gateway(bus, engine_server, tiny_model, tmp_path / "gw-1.log", run_id, port=port)
+    gw = gateway_at(port, bus, engine_server, tiny_model, tmp_path / "gw-1.log", run_id)
     try:
         rollout_id, token = new_rollout(gw)
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
@@ -69,7 +69,7 @@ def test_a_gateway_killed_mid_episode_serves_the_rollout_again(
         gw.process.kill()  # SIGKILL: nothing is written on the way out
         gw.process.wait()
         started = time.monotonic()
-        gw = start_gateway(bus, engine_server, tiny_model, tmp_path / "gw-2.log", run_id, port=port)
+        gw = gateway_at(port, bus, engine_server, tiny_model, tmp_path / "gw-2.log", run_id)
         print(f"gateway back in {time.monotonic() - started:.1f} s")
         for turn in range(3, 5):
             chat(client, messages, turn)
