@@ -13,9 +13,12 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import APIRouter, FastAPI
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gateway import serve as serve_module
+from gateway.routes.common import AnthropicRoute, OpenAIRoute
 from gateway.settings import DevelopmentKeysExposed, GatewaySettings
 from tests.conftest import RunningGateway
 from tests.test_gateway_openai import new_rollout
@@ -89,6 +92,26 @@ def test_numbers_json_cannot_carry_are_a_400(scripted_gateway: RunningGateway, p
     response = post(scripted_gateway, path, body)
     assert response.status_code == 400 and error_message(path, response).startswith("malformed JSON body")
 
+
+
+@pytest.mark.parametrize(("route", "shape"), [
+    (OpenAIRoute, {"error": {"message": "the gateway failed: RuntimeError('a bug')", "type": "server_error",
+                             "param": None, "code": 500}}),
+    (AnthropicRoute, {"type": "error", "error": {"type": "api_error",
+                                                 "message": "the gateway failed: RuntimeError('a bug')"}}),
+])
+def test_a_bug_is_still_answered_in_the_callers_protocol(route: type[OpenAIRoute], shape: dict[str, Any]) -> None:
+    """Not Starlette's bare text "Internal Server Error", which no SDK can read (what tool_choice {"type": []} got)."""
+    router = APIRouter(route_class=route)
+
+    @router.post("/v1/x")
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    app = FastAPI()
+    app.include_router(router)
+    response = TestClient(app).post("/v1/x")
+    assert response.status_code == 500 and response.json() == shape
 
 # -- development keys stay on this machine ----------------------------------------------
 

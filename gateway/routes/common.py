@@ -1,8 +1,8 @@
 """What every route needs: the service, who is calling, the body as sent, and errors in the caller's protocol.
 
 A route class per protocol turns any `GatewayError` (from the route or its
-dependencies) into the error body its clients parse, so a harness speaking
-Anthropic never sees an OpenAI error. Bodies are read here, not by FastAPI:
+dependencies), and any bug, into the error body its clients parse, so a
+harness speaking Anthropic never sees an OpenAI error (nor a bare text 500). Bodies are read here, not by FastAPI:
 the size bound is enforced while a chunked upload arrives, and the text is
 kept exactly as sent for the record.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Coroutine
@@ -18,17 +19,20 @@ from dataclasses import replace
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 
-from gateway.errors import BodyTooLarge, Forbidden, GatewayError, InvalidRequest, Unauthorized
+from gateway.errors import BodyTooLarge, Forbidden, GatewayError, InternalError, InvalidRequest, Unauthorized
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from schemas.rollout_token import verify
 from schemas.validation import first_error
 
 Model = TypeVar("Model", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 # -- errors in the caller's protocol ---------------------------------------------------
@@ -49,6 +53,12 @@ class OpenAIRoute(APIRoute):
                 return await handle(request)
             except GatewayError as exc:
                 return JSONResponse(self.error_body(exc), status_code=exc.status, headers=exc.headers())
+            except (HTTPException, RequestValidationError):
+                raise  # FastAPI's own, answered by its handlers
+            except Exception as exc:  # a bug: still a 500, but logged, and one the caller's SDK can read
+                log.exception("%s %s failed", request.method, request.url.path)
+                error = InternalError(f"the gateway failed: {exc!r}")
+                return JSONResponse(self.error_body(error), status_code=error.status)
 
         return answer
 
