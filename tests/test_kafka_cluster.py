@@ -5,6 +5,7 @@ acks=all holding with one broker killed; the processors (Faust) working through 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from pydantic import SecretStr, ValidationError
 
@@ -262,6 +264,50 @@ async def test_the_processors_join_and_group_through_the_secured_cluster(cluster
 
 
 # -- a broker killed ---------------------------------------------------------------------------------------------
+
+
+def test_the_stack_trains_through_the_secured_cluster_each_service_as_its_own_user(
+        cluster: KafkaBroker, tiny_model: Path, tmp_path: Path) -> None:
+    """`tether up` on the secured cluster: engine, two gateway replicas, processors and trainer as their own users;
+    the controller as its own; one update trained and published, and a replay (as admin) equal to it."""
+    from controller.config import load_config
+    from controller.main import run
+    from controller.settings import ControllerSettings
+    from infra.processes import free_port
+    from stream_processors.grouping import Policy
+    from stream_processors.pipeline import content_hash
+    from stream_processors.replay import replay
+    from tether.stack import Stack, StackSettings
+    from trainer import checkpoint
+
+    run_id = f"secured-{uuid.uuid4().hex[:6]}"
+    settings = StackSettings(run_id=run_id, home=tmp_path / "home", model=tiny_model, engine_port=free_port(),
+                             gateway_port=free_port(), gateway_replicas=2,
+                             trainer={"batch_groups": 2, "max_updates": 1, "zero_variance": "keep"})
+    stack = Stack(settings, broker=cluster)
+    try:
+        stack.up()
+        agent = Path(__file__).parent.parent / "examples" / "openai_agent.py"
+        tasks = [{"id": f"q{i}", "question": f"What is {i}?", "answer": str(i)} for i in range(2)]
+        (tmp_path / "tasks.jsonl").write_text("".join(f"{json.dumps(t)}\n" for t in tasks))
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+            "run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "concurrency": 4, "timeout_s": 120,
+            "harness": {"command": [sys.executable, str(agent), "--max-turns", "2", "--max-tokens", "8"]}}))
+        controller = ControllerSettings(gateway_url=settings.gateway_url, gateway_admin_key=settings.admin_key,
+                                        gateway_secret=settings.secret, bus=service(cluster, "controller"))
+        view = asyncio.run(run(load_config(tmp_path / "run.yaml"), controller))
+        assert len(view.rollouts) == 4 and all(s.finished for s in view.rollouts.values())
+        deadline, latest = time.monotonic() + 180, None
+        while time.monotonic() < deadline and (latest is None or checkpoint.load_state(latest).version < 1):
+            time.sleep(0.5)
+            latest = checkpoint.latest(settings.run_dir / "checkpoints" / run_id)
+        assert latest is not None and checkpoint.load_state(latest).version == 1, stack.logs
+        admin = service(cluster, "admin")
+        stored = asyncio.run(unique_groups(admin, run_id))
+        _, rebuilt = asyncio.run(replay(admin, run_id, Policy()))
+        assert len(stored) == 2 and content_hash(rebuilt) == content_hash(stored)
+    finally:
+        stack.down(keep_kafka=True)
 
 
 async def test_acks_all_holds_with_one_broker_killed_and_it_rejoins(cluster: KafkaBroker, run_id: str) -> None:

@@ -30,7 +30,6 @@ from rich.table import Table
 from schemas.events import Event, ModelCall, TaskGroup
 
 if TYPE_CHECKING:
-    from schemas.settings import BusSettings
     from tether.stack import StackSettings
 
 ROOT = Path(__file__).parent.parent
@@ -118,7 +117,6 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     """`tether up`, the controller running the agents while the trainer updates, the topics read back,
     `tether down`."""
     from schemas.samples import unique_groups
-    from schemas.settings import BusSettings
     from stream_processors.grouping import Policy
     from stream_processors.replay import replay
     from tether.stack import Stack, StackSettings
@@ -133,11 +131,11 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         "kl_coef": settings.kl_coef, "epochs": settings.epochs, "mini_batches": settings.mini_batches,
         "max_staleness": 2, "zero_variance": "drop"})
     stack = Stack(stack_settings)
-    bus = BusSettings(bootstrap_servers=stack.broker.bootstrap)
     try:
         with console.status("tether up: Kafka, engine, gateway, processors, trainer..."):
             stack.up()
-        agents = _start_controller(settings, stack_settings, bus, run_dir)
+        bus = stack.broker.client_settings()  # reading the run back as the cluster's admin
+        agents = _start_controller(settings, stack_settings, stack.broker.client_env("controller"), run_dir)
         try:
             history = _train(stack, settings, console, agents)
         finally:
@@ -154,7 +152,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     return Outcome(history=history, stored=stored, rebuilt=rebuilt, events=events)
 
 
-def _start_controller(settings: DemoSettings, stack: StackSettings, bus: BusSettings,
+def _start_controller(settings: DemoSettings, stack: StackSettings, bus: dict[str, str],
                       run_dir: Path) -> subprocess.Popen[bytes]:
     """`tether controller run` on the demo's run file, the openai-SDK agent preloaded, as its own process."""
     (run_dir / "controller.yaml").write_text(yaml.safe_dump({
@@ -163,7 +161,7 @@ def _start_controller(settings: DemoSettings, stack: StackSettings, bus: BusSett
         "timeout_s": 120, "log_dir": "rollouts",
         "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", "3", "--max-tokens",
                                 "40"], "preload": ["openai"]}}))
-    env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+    env = {**os.environ, **bus,
            "TETHER_CONTROLLER_GATEWAY_URL": stack.gateway_url,
            "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack.admin_key,
            "TETHER_CONTROLLER_GATEWAY_SECRET": stack.secret}

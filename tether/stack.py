@@ -93,22 +93,22 @@ class Stack:
         self.logs = settings.run_dir / "logs"
 
     def services(self) -> list[Service]:
-        s, bootstrap = self.settings, self.broker.bootstrap
-        bus = {"TETHER_BUS_BOOTSTRAP_SERVERS": bootstrap}
+        s, bus = self.settings, self.broker.client_env  # each service reaches Kafka as its own user
         tether = [sys.executable, "-m", "tether.cli"]
         trainer_yaml = s.run_dir / "trainer.yaml"
         parts = [
             Service("engine", [*tether, "engine", "serve", "--model", str(s.model), "--port", str(s.engine_port)],
                     {}, _http_ok(f"{s.engine_url}/health")),
-            *self._gateways(tether, bus),
+            *self._gateways(tether, bus("gateway")),
             Service("processors", [*tether, "processors", "run", "--run", s.run_id],
-                    {**bus, "TETHER_PROCESSOR_APP_ID": f"tether-processor-{s.run_id}",
+                    {**bus("processors"), "TETHER_PROCESSOR_APP_ID": f"tether-processor-{s.run_id}",
                      "TETHER_PROCESSOR_DATA_DIR": str((s.run_dir / "processor").resolve()),
                      "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{(s.run_dir / 'clickhouse').resolve()}"},
                     lambda: True),
         ]
         if s.with_trainer:
-            parts.append(Service("trainer", [*tether, "trainer", "run", str(trainer_yaml)], bus, lambda: True))
+            parts.append(Service("trainer", [*tether, "trainer", "run", str(trainer_yaml)], bus("trainer"),
+                                 lambda: True))
         return parts
 
     def _gateways(self, tether: list[str], bus: dict[str, str]) -> list[Service]:
@@ -159,9 +159,8 @@ class Stack:
         import asyncio
 
         from schemas.admin import ensure_topics
-        from schemas.settings import BusSettings
 
-        asyncio.run(ensure_topics(BusSettings(bootstrap_servers=self.broker.bootstrap)))
+        asyncio.run(ensure_topics(self.broker.client_settings()))
         if not (self.settings.model / "tokenizer.json").exists():
             raise StackError(f"no model at {self.settings.model}: build one with `tether model init-tiny --out "
                              f"{self.settings.model}`")
