@@ -697,14 +697,15 @@ def render(o: Options = DEFAULT) -> dict[str, str]:
         "gateway-lb.yaml": _file("HAProxy in front of the gateway replicas: rollout affinity.", gateway_lb(o)),
         "processors.yaml": _file("The stream processors.", processors(o)),
         "trainer.yaml": _file("The trainer and the engine.", trainer(o)),
-        "controller.yaml": _file("What the controller may do in the cluster (its Job: run/controller.yaml).",
+        "controller.yaml": _file("What a run's controller may do in the cluster (its Job: run/controller.yaml).",
                                  controller(o)),
         "network-policy.yaml": _file("Rollouts reach only the gateway.", [network_policy(o)]),
         "kustomization.yaml": _kustomization(
             BASE, "Tether's services: `kubectl apply -k infra/k8s` (after strimzi/, see docs/deployment.md).", o,
             images=True),
-        "run/controller.yaml": _file("One run: its input and its controller (`kubectl apply -f`, once per run).",
-                                     controller_run(o)),
+        "run/input.yaml": _file("An example run's input (`kubectl apply -f`, or make your own: docs/deployment.md).",
+                                controller_run(o)[:1]),
+        "run/controller.yaml": _file("One run's controller (`kubectl apply -f`, once per run).", controller_run(o)[1:]),
         "strimzi/kafka.yaml": _file("A Kafka cluster through Strimzi, if you have none (needs Strimzi 0.49+, "
                                     "for the kafka.strimzi.io/v1 API).", kafka_cluster(o)),
         "strimzi/topics.yaml": _file("The topic catalogue (schemas/topics.py) as Strimzi KafkaTopics.",
