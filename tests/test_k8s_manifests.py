@@ -583,3 +583,6 @@ def test_the_command_renders_checks_and_takes_options(tmp_path: Path) -> None:
     assert "run_id: r7" in (other / "run" / "input.yaml").read_text()
     refused = runner.invoke(k8s_app, ["render", "--out", str(other), "--processor-replicas", "9"])
     assert refused.exit_code == 2 and "partitions of tether.calls" in refused.output
+    refused = runner.invoke(k8s_app, ["render", "--out", str(other), "--gateway-replicas", "9"])
+    assert refused.exit_code == 2 and "gateway slots must be at least the gateway replicas" in refused.output
+    assert render.main(["--out", str(other), "--gateway-replicas", "9"]) == 2

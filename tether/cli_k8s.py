@@ -36,8 +36,6 @@ def k8s_render(
     """Write the manifests (or, with --check, compare them with what is there)."""
     from infra.k8s.render import Options, stale, write
 
-    if gateway_slots < gateway_replicas:
-        fail("--gateway-slots must be at least --gateway-replicas: HAProxy would never route to the others", 2)
     try:
         options = Options(namespace=namespace, run_id=run_id, image=image, kafka_cluster=kafka_cluster,
                           gateway_replicas=gateway_replicas, gateway_slots=gateway_slots,

@@ -420,6 +420,9 @@ def gateway(o: Options) -> list[Doc]:
 
 def haproxy_config(o: Options) -> str:
     """infra/loadbalancer.py's configuration, its servers being the gateway pods by DNS name."""
+    if o.gateway_slots < o.gateway_replicas:
+        raise ValueError("gateway slots must be at least the gateway replicas: HAProxy would never route to the "
+                         "others")
     base = loadbalancer.config(port=PORT, replicas=[], host="0.0.0.0").rstrip()
     if base.rfind("\nbackend gateways\n") < base.rfind("\nfrontend "):
         raise ValueError("infra/loadbalancer.py's backend is no longer its last section: servers go into it here")
@@ -810,13 +813,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(path)
         return 0
     o = Options(**{f.name: getattr(args, f.name) for f in fields(Options)})
-    if args.check:
-        differ = stale(args.out, o)
-        for name in differ:
-            print(f"{args.out / name}: differs from a fresh render", file=sys.stderr)
-        return 1 if differ else 0
-    for path in write(args.out, o):
-        print(path)
+    try:
+        if args.check:
+            differ = stale(args.out, o)
+            for name in differ:
+                print(f"{args.out / name}: differs from a fresh render", file=sys.stderr)
+            return 1 if differ else 0
+        for path in write(args.out, o):
+            print(path)
+    except ValueError as exc:
+        print(f"render: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
