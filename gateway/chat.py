@@ -97,12 +97,18 @@ class TokenUsage:
 def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
     """Identity of an assistant message, blind to JSON spacing and tool call ids (harnesses rewrite both): a
     digest, short enough to record with every call (`ModelCall.turn_key`) and to keep per turn in memory."""
-    calls = []
-    for call in tool_calls:
-        try:
-            arguments: Any = json.loads(call.arguments)
-        except json.JSONDecodeError:
-            arguments = call.arguments
-        calls.append([call.name, arguments])
-    canonical = json.dumps([content or "", calls], sort_keys=True, separators=(",", ":"))
+    calls = [[call.name, _arguments(call.arguments)] for call in tool_calls]
+    try:
+        canonical = json.dumps([content or "", calls], sort_keys=True, separators=(",", ":"))
+    except RecursionError:  # read back at a shallower depth than it can be written at here: keep the text
+        canonical = json.dumps([content or "", [[c.name, c.arguments] for c in tool_calls]], separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _arguments(text: str) -> Any:
+    """Tool-call arguments parsed, so that spacing does not count; the text itself when it is not JSON a
+    harness could mean (malformed, nested past the recursion limit, or an integer of over 4300 digits)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return text

@@ -35,7 +35,7 @@ class HermesParser:
                 name, arguments = body["name"], body.get("arguments", {})
                 if not isinstance(name, str) or not isinstance(arguments, dict):
                     raise TypeError("a call needs a string name and an object of arguments")
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (ValueError, RecursionError, KeyError, TypeError):  # JSONDecodeError is a ValueError
                 continue  # not a well-formed call: it stays text, the harness sees what the model wrote
             kept.append(text[last:match.start()])
             last = match.end()

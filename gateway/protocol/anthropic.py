@@ -44,6 +44,12 @@ class Tool(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # disable_parallel_tool_use: one call per turn is what we parse anyway
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -51,7 +57,7 @@ class MessagesRequest(BaseModel):
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[Block] | None = None
     tools: list[Tool] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float = Field(1.0, ge=0.0, le=1.0)
@@ -70,8 +76,8 @@ class MessagesRequest(BaseModel):
             messages += _turn(m)
         tools = tuple({"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                        "parameters": t.input_schema}} for t in self.tools or [])
-        choice = {"none": "none", "any": "required", "tool": "required"}.get((self.tool_choice or {}).get("type", ""),
-                                                                             "auto")
+        choice = {"none": "none", "any": "required", "tool": "required"}.get(
+            self.tool_choice.type if self.tool_choice else "auto", "auto")
         return chat.ChatRequest(tuple(messages), tools=tools, tool_choice=choice, sampling=chat.SamplingRequest(
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p or 1.0,
             stop=tuple(self.stop_sequences or ()),
