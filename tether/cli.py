@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether import cli_kafka, cli_pipeline, cli_stack
+from tether import cli_k8s, cli_kafka, cli_pipeline, cli_stack
 from tether.cli_support import console, fail, failing_cleanly, load_settings
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ app.add_typer(cli_pipeline.trainer_app, name="trainer", rich_help_panel="Service
 app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
+app.add_typer(cli_k8s.k8s_app, name="k8s", rich_help_panel="Stack")
 
 app.command("replay", rich_help_panel="Bus")(cli_pipeline.replay_run)
 app.command("analytics", rich_help_panel="Bus")(cli_pipeline.analytics)
