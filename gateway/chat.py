@@ -42,6 +42,12 @@ class Message:
         return out
 
 
+#: Bounds of what a call's record can hold (Avro int and long): a larger value is refused as the request is
+#: read, rather than failing to be recorded after the engine has done the work.
+MAX_TOKENS = 2**31 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass(frozen=True)
 class SamplingRequest:
     max_tokens: int | None = None

@@ -94,6 +94,19 @@ def test_numbers_json_cannot_carry_are_a_400(scripted_gateway: RunningGateway, p
 
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "field", "value"), [
+    ("/v1/chat/completions", "max_tokens", 2**31), ("/v1/chat/completions", "max_completion_tokens", 2**31),
+    ("/v1/chat/completions", "seed", 2**63), ("/v1/chat/completions", "seed", -(2**63) - 1),
+    ("/v1/completions", "max_tokens", 2**31), ("/v1/completions", "seed", 2**63), ("/v1/messages", "max_tokens", 2**31),
+])
+def test_numbers_the_record_cannot_hold_are_refused_before_the_engine_runs(
+        scripted_gateway: RunningGateway, path: str, field: str, value: int, stream: bool) -> None:
+    """They were a 400 only once the call failed to be recorded, or an error event after a streamed answer."""
+    response = post(scripted_gateway, path, {**paired(path), field: value, "stream": stream})
+    assert response.status_code == 400 and error_message(path, response).startswith(f"{field}: ")
+
+
 @pytest.mark.parametrize(("route", "shape"), [
     (OpenAIRoute, {"error": {"message": "the gateway failed: RuntimeError('a bug')", "type": "server_error",
                              "param": None, "code": 500}}),

@@ -53,7 +53,7 @@ class ToolChoice(BaseModel):
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=chat.MAX_TOKENS)
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[Block] | None = None
     tools: list[Tool] | None = None

@@ -73,11 +73,11 @@ class ChatCompletionRequest(_Strict):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=16)
     stop: str | list[str] | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=chat.MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=chat.MAX_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=chat.SEED_MIN, le=chat.SEED_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     frequency_penalty: float = 0.0
@@ -114,12 +114,12 @@ class ChatCompletionRequest(_Strict):
 class CompletionRequest(_Strict):
     model: str
     prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=chat.MAX_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=16)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=chat.SEED_MIN, le=chat.SEED_MAX)
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     stream: bool = False
