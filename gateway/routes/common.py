@@ -2,9 +2,10 @@
 
 A route class per protocol turns any `GatewayError` (from the route or its
 dependencies), and any bug, into the error body its clients parse, so a
-harness speaking Anthropic never sees an OpenAI error (nor a bare text 500). Bodies are read here, not by FastAPI:
-the size bound is enforced while a chunked upload arrives, and the text is
-kept exactly as sent for the record.
+harness speaking Anthropic never sees an OpenAI error (nor a bare-text 500).
+Bodies are read here, not by FastAPI: the size bound is enforced while a
+chunked upload arrives, the text is kept exactly as sent for the record, and
+what no later step could take (NaN, lone surrogates) is refused by field.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def lone_surrogate(body: Any) -> str | None:
     """The first field (a dotted path) whose name or text holds a lone surrogate, or None.
 
-    No tokenizer, Avro encoder or JSON writer downstream can take one (today's 500s), so it is refused here."""
+    No tokenizer, Avro encoder or JSON writer downstream can take one (the tokenizer's TypeError was a 500)."""
     stack: list[tuple[str, str, Any]] = [("", "", body)]  # (path, the key it is under, value)
     while stack:  # not recursive: json.loads accepts nesting deeper than the recursion limit leaves here
         path, key, value = stack.pop()
