@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,14 +84,25 @@ def test_a_gateway_killed_mid_episode_serves_the_rollout_again(
     assert "restored rollout" in (tmp_path / "gw-2.log").read_text()
 
 
-def test_a_rollout_moves_between_two_replicas_and_back(
-        bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+@contextmanager
+def two_replicas(bus: BusSettings, engine: RunningEngine, tiny_model: Path, tmp_path: Path
+                 ) -> Iterator[tuple[RunningGateway, RunningGateway, str, str]]:
+    """Replicas a and b of one run, and a rollout registered on a and announced as the controller does."""
     run_id = f"replicas-{time.monotonic_ns()}"
-    a = start_gateway(bus, engine_server, tiny_model, tmp_path / "a.log", run_id)
-    b = start_gateway(bus, engine_server, tiny_model, tmp_path / "b.log", run_id)
+    a = start_gateway(bus, engine, tiny_model, tmp_path / "a.log", run_id)
+    b = start_gateway(bus, engine, tiny_model, tmp_path / "b.log", run_id)
     try:
         rollout_id, token = new_rollout(a)
         asyncio.run(announce(bus, run_id, rollout_id))
+        yield a, b, rollout_id, token
+    finally:
+        stop(a.process)
+        stop(b.process)
+
+
+def test_a_rollout_moves_between_two_replicas_and_back(
+        bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    with two_replicas(bus, engine_server, tiny_model, tmp_path) as (a, b, rollout_id, token):
         clients = {gw: openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0) for gw in (a, b)}
         messages = [{"role": "user", "content": "Count with me."}]
         for turn, gw in enumerate([a, a, b, b, a, b]):
@@ -100,9 +113,6 @@ def test_a_rollout_moves_between_two_replicas_and_back(
         assert seal(b, rollout_id) == sealed  # and sealed on every replica
         with pytest.raises(openai.ConflictError):
             clients[b].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
-    finally:
-        stop(a.process)
-        stop(b.process)
     events = asyncio.run(recorded(bus, rollout_id, 7))
     calls = [e for e in events if isinstance(e, ModelCall)]
     assert_one_episode(calls, sealed)
@@ -122,21 +132,14 @@ def wait_until_forgotten(gw: RunningGateway, timeout_s: float = 10.0) -> None:
 
 def test_a_replica_that_never_saw_the_rollout_serves_its_first_call(
         bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
-    run_id = f"fresh-{time.monotonic_ns()}"
-    a = start_gateway(bus, engine_server, tiny_model, tmp_path / "a.log", run_id)
-    b = start_gateway(bus, engine_server, tiny_model, tmp_path / "b.log", run_id)
-    try:
-        rollout_id, token = new_rollout(a)  # registered on a only, as a load balancer would leave it
-        asyncio.run(announce(bus, run_id, rollout_id))
+    with two_replicas(bus, engine_server, tiny_model, tmp_path) as (a, b, rollout_id, token):
+        # registered on a only, as a load balancer would leave it
         chat(openai.OpenAI(base_url=f"{b.url}/v1", api_key=token, max_retries=0),
              [{"role": "user", "content": "hi"}], 0)
         reward = httpx.post(f"{a.url}/rollouts/{rollout_id}/reward", json={"reward": 1.0},
                             headers={"authorization": f"Bearer {token}"})
         assert reward.status_code == 200
         assert len(seal(a, rollout_id)) == 1
-    finally:
-        stop(a.process)
-        stop(b.process)
 
 
 # -- the fold, pure ---------------------------------------------------------------------------------------

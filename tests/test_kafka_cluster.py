@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from infra.kafka.acls import BY_NAME, PROCESSOR_PREFIX, SERVICES, USERS
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 from infra.kafka.tls import Certificates
+from infra.processes import stop
 from schemas import topics
 from schemas.admin import admin_client
 from schemas.consumer import EventConsumer
@@ -236,12 +236,7 @@ def processors_as_their_user(cluster: KafkaBroker, folder: Path, run_id: str) ->
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, grace_s=60)
 
 
 async def test_the_processors_join_and_group_through_the_secured_cluster(cluster: KafkaBroker, run_id: str,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from infra.processes import stop
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import DeadLetter, Event, ModelCall, RolloutFinished, RolloutStarted, TaskGroup
@@ -45,13 +46,7 @@ def processor(bus: BusSettings, folder: Path, run_id: str, app_id: str,
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(process, grace_s=60)
 
 
 async def wait_for_groups(bus: BusSettings, run_id: str, n: int, timeout_s: float = 180) -> list[TaskGroup]:
