@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import replace
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -161,3 +162,22 @@ def test_every_event_names_its_run_and_rollout_events_their_rollout() -> None:
     assert run_of(letter) is None and rollout_of(letter) is None
     assert run_of(example(UpdateRequested, run_id="run-b")) == "run-b"
     assert rollout_of(example(ModelCall, rollout_id="r-b")) == "r-b"
+
+
+async def test_a_reader_of_one_key_assigns_its_partition_seeks_by_time_and_decodes_only_that_key(
+        bus: BusSettings, run_id: str) -> None:
+    topic = await scratch_topic(bus, partitions=1)
+    mine = [started(run_id, i) for i in range(4)]
+    values = [encode(mine[0]), b"someone else's garbage", encode(mine[1]), encode(started(run_id, 9)),
+              encode(mine[2]), encode(mine[3])]
+    keys = [b"mine", b"other", b"mine", b"other", b"mine", b"mine"]
+    await write(bus, topic, values, keys)
+    tp = TopicPartition(topic.name, 0)
+    async with EventProducer(bus) as deadletters, EventConsumer(bus, [], deadletters) as consumer:
+        consumer.assign([tp])
+        async with asyncio.timeout(60):
+            await consumer.seek_to_time(tp, 0)
+            got = [r.event async for r in consumer.read_to_end(keys=lambda k: k == b"mine")]
+            assert got == mine and consumer.dead_lettered == 0  # the other key's garbage was never decoded
+            await consumer.seek_to_time(tp, int((time.time() + 3600) * 1000))  # nothing that late: the end
+            assert [r async for r in consumer.read_to_end()] == []
