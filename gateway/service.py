@@ -144,7 +144,7 @@ class Gateway:
             return found or self.rollouts.get(rollout_id)
         task = self._restoring.get(rollout_id)
         if task is None:
-            since = max(issued_at or 0.0, time.time() - self.history.window_s)
+            since = issued_at if issued_at is not None else time.time() - self.history.window_s
             task = self._restoring[rollout_id] = asyncio.create_task(self._restore(rollout_id, self.history, since))
             task.add_done_callback(lambda _: self._restoring.pop(rollout_id, None))
         return await asyncio.shield(task)

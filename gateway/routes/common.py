@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from gateway.errors import BodyTooLarge, Forbidden, GatewayError, InternalError, InvalidRequest, Unauthorized
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
-from schemas.rollout_token import verify
+from schemas.rollout_token import Claims, claims
 from schemas.validation import first_error
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -99,23 +99,23 @@ def api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def _bound_rollout(request: Request, settings: Settings) -> str:
-    """The rollout this call writes to; a token can only ever write to its own."""
+def _bound_rollout(request: Request, settings: Settings) -> Claims:
+    """The rollout this call writes to (and when its token was minted); a token can only write to its own."""
     path_rollout: str | None = request.path_params.get("rollout_id")  # the path only: never a query string
     key = api_key(request)
-    token_rollout = verify(key, settings.secret) if key else None
+    token = claims(key, settings.secret) if key else None
     if path_rollout is not None:
-        if token_rollout is not None and token_rollout != path_rollout:
+        if token is not None and token.rollout_id != path_rollout:
             raise Forbidden(f"this key belongs to another rollout, not {path_rollout!r}")
-        if token_rollout is None and settings.path_binding_requires_token:
+        if token is None and settings.path_binding_requires_token:
             raise Unauthorized("this gateway needs the rollout's token as the API key")
-        return path_rollout
-    if token_rollout is None:
+        return token or Claims(path_rollout, None)
+    if token is None:
         raise Unauthorized("use a rollout token as the API key, or a /rollouts/{id}/v1 base URL")
-    return token_rollout
+    return token
 
 
-BoundRollout = Annotated[str, Depends(_bound_rollout)]
+BoundRollout = Annotated[Claims, Depends(_bound_rollout)]
 
 
 def require_admin(request: Request, settings: Settings) -> None:

@@ -21,6 +21,7 @@ from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.openai import ChatCompletionRequest, CompletionRequest
 from gateway.routes.common import AnthropicRoute, BoundRollout, OpenAIRoute, Service, Settings, parse_body
 from gateway.service import Call, Delta, Finished, Gateway, Started
+from schemas.rollout_token import Claims
 
 
 class HarnessRequest(Protocol):
@@ -37,9 +38,10 @@ class Responder(Protocol):
     def sse(self, items: AsyncIterator[Started | Delta | Finished]) -> AsyncIterator[str]: ...
 
 
-async def _serve(gateway: Gateway, rollout: str, api: str, raw: str, parsed: HarnessRequest,
+async def _serve(gateway: Gateway, rollout: Claims, api: str, raw: str, parsed: HarnessRequest,
                  answer: Responder) -> Response:
-    call = Call(rollout_id=rollout, api=api, request_json=raw, chat=parsed.to_chat(), respond=answer.body)
+    call = Call(rollout_id=rollout.rollout_id, api=api, request_json=raw, chat=parsed.to_chat(),
+                respond=answer.body, issued_at=rollout.issued_at)
     if not parsed.stream:
         finished = await gateway.complete(call)
         return Response(finished.body, media_type="application/json")
