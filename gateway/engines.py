@@ -67,8 +67,7 @@ class EnginePool:
                 async with self._http.post(url, json={**body, "stream": True}) as response:
                     if response.status >= 400:
                         self._raise_for(response.status, await response.text(), retryable_left=attempt < self.retries)
-                    async for raw in response.content:
-                        line = raw.decode().strip()
+                    async for line in _lines(response.content):
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         chunk: dict[str, Any] = json.loads(line[6:])
@@ -123,3 +122,16 @@ def _error_message(text: str) -> str:
         return str(body.get("error", {}).get("message") or body.get("message") or body)
     except (json.JSONDecodeError, AttributeError):
         return text[:500]
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """Server-sent event lines of any length: the engine's first chunk carries the whole prompt's token ids,
+    past aiohttp's line limit for a long prompt."""
+    pending = b""
+    async for data in content.iter_any():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode().strip()
+    if pending:
+        yield pending.decode().strip()
