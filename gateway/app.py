@@ -21,7 +21,7 @@ from gateway.engines import EnginePool
 from gateway.gate import Gate
 from gateway.history import RolloutHistory
 from gateway.metrics import Metrics
-from gateway.peers import PeerWatch
+from gateway.peers import OwnWrites, PeerWatch
 from gateway.recorder import Recorder
 from gateway.render import Renderer
 from gateway.rollouts import Rollouts
@@ -53,16 +53,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engines = EnginePool(settings.engines, retries=settings.engine_retries, timeout_s=settings.engine_timeout_s)
     tokenizer = await asyncio.to_thread(ChatTokenizer.load, settings.tokenizer)
     metrics, gate = Metrics(), Gate(settings.max_hold_s)
+    own = OwnWrites()
     history = RolloutHistory(settings.bus, producer, window_s=RESTORE_WINDOW_S,
                              name=f"gateway-{settings.gateway_id}-history")
     gateway = Gateway(gateway_id=settings.gateway_id, model=settings.model_name or await engines.model(),
                       renderer=Renderer(tokenizer), parser=parser_for(settings.tool_parser), engines=engines,
-                      recorder=Recorder(producer), rollouts=Rollouts(), gate=gate, metrics=metrics,
+                      recorder=Recorder(producer, own), rollouts=Rollouts(), gate=gate, metrics=metrics,
                       history=history)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
                           on_version=gateway.set_version)
-    peers = PeerWatch(bus=settings.bus, gateway_id=settings.gateway_id, rollouts=gateway.rollouts,
+    peers = PeerWatch(bus=settings.bus, gateway_id=settings.gateway_id, rollouts=gateway.rollouts, own=own,
                       producer=producer, metrics=metrics)
     tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]
     await _started(tasks, [peers.ready, control.ready])

@@ -78,5 +78,5 @@ class RolloutHistory:
             consumer.assign(partitions)
             for tp in partitions:
                 await consumer.seek_to_time(tp, max(start_ms, 0))
-            found = [r.event async for r in consumer.read_to_end(timeout_ms=100, keys=lambda k: k == key)]
+            found = [r.event async for r in consumer.read_to_end(timeout_ms=100, wanted=lambda r: r.key == key)]
         return fold(rollout_id, found)

@@ -8,6 +8,9 @@ only records keyed by a rollout this process holds, and forgets the rollout
 when another gateway wrote a call for it or someone else sealed it; its next
 call restores it from the log. The window in which a stale cache can be used
 is this watcher's lag behind the log (milliseconds on a healthy cluster).
+This process's own calls are known by where Kafka acknowledged them
+(`OwnWrites`) and passed over undecoded, so the watcher costs a replica almost
+nothing for the rollouts it serves alone.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 from gateway.metrics import Metrics
 from gateway.rollouts import Rollouts
 from schemas import topics
-from schemas.consumer import CaughtUp, EventConsumer
+from schemas.consumer import CaughtUp, EventConsumer, Record
 from schemas.events import ModelCall, RolloutSealed
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -26,20 +29,41 @@ from schemas.settings import BusSettings
 log = logging.getLogger("tether.gateway.peers")
 
 
+class OwnWrites:
+    """Where this process's calls landed on tether.calls (partition, offset), as Kafka acknowledged them; bounded
+    (a record the watcher read before its acknowledgement came is decoded instead, and its entry ages out)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._at: dict[tuple[int, int], None] = {}
+        self.limit = limit
+
+    def add(self, partition: int, offset: int) -> None:
+        self._at[(partition, offset)] = None
+        if len(self._at) > self.limit:
+            del self._at[next(iter(self._at))]
+
+    def pop(self, partition: int, offset: int) -> bool:
+        """Whether it was ours (forgotten then: each record is read once)."""
+        return self._at.pop((partition, offset), 0) is None
+
+
 class PeerWatch:
-    def __init__(self, *, bus: BusSettings, gateway_id: str, rollouts: Rollouts, producer: EventProducer,
-                 metrics: Metrics) -> None:
-        self.gateway_id, self.rollouts, self.metrics = gateway_id, rollouts, metrics
+    def __init__(self, *, bus: BusSettings, gateway_id: str, rollouts: Rollouts, own: OwnWrites,
+                 producer: EventProducer, metrics: Metrics) -> None:
+        self.gateway_id, self.rollouts, self.own, self.metrics = gateway_id, rollouts, own, metrics
         self._consumer = EventConsumer(bus, [topics.CALLS], producer, from_beginning=False,
                                        name=f"gateway-{gateway_id}-peers")
         self.ready = asyncio.Event()  # positioned at the end of tether.calls: nothing written after is missed
 
-    def held(self, key: bytes | None) -> bool:
-        return key is not None and self.rollouts.find(key.decode(errors="replace")) is not None
+    def wanted(self, record: Record) -> bool:
+        """A record for a rollout held here, not written by this process."""
+        key = record.key
+        return key is not None and self.rollouts.find(key.decode(errors="replace")) is not None \
+            and not self.own.pop(record.partition, record.offset)
 
     async def run(self) -> None:
         async with self._consumer as consumer:
-            async for item in consumer.follow(timeout_ms=100, keys=self.held):
+            async for item in consumer.follow(timeout_ms=100, wanted=self.wanted):
                 if isinstance(item, CaughtUp):
                     self.ready.set()
                     continue

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from gateway.errors import InvalidRequest, RecordingFailed
+from gateway.peers import OwnWrites
 from schemas.errors import BusError, EncodeError
 from schemas.events import ModelCall, RewardReported, RolloutSealed
 from schemas.producer import EventProducer
 
 
 class Recorder:
-    def __init__(self, producer: EventProducer) -> None:
+    def __init__(self, producer: EventProducer, own: OwnWrites | None = None) -> None:
         self._producer = producer
+        self._own = own or OwnWrites()
 
     async def calls(self, calls: list[ModelCall]) -> None:
         """All the call's events (one per choice) acknowledged, or RecordingFailed: then nothing counts."""
         try:
-            await self._producer.publish_many(calls)
+            for delivery in await self._producer.publish_many(calls):
+                self._own.add(delivery.partition, delivery.offset)
         except EncodeError as exc:  # e.g. a lone UTF-16 surrogate in the request: not storable, not served
             raise InvalidRequest(f"the call cannot be recorded as sent: {exc}") from exc
         except BusError as exc:

@@ -55,7 +55,7 @@ class CaughtUp:
 
 CAUGHT_UP = CaughtUp()
 Progress: TypeAlias = Callable[[int, int], None]  # (records read, records to read) until caught up
-Keys: TypeAlias = Callable[[bytes | None], bool]  # which record keys a reader decodes
+Wanted: TypeAlias = Callable[[Record], bool]  # which records a reader decodes (by key, partition, offset)
 
 
 class EventConsumer(Lifecycle):
@@ -142,9 +142,9 @@ class EventConsumer(Lifecycle):
                 yield received
 
     async def batches(self, timeout_ms: int = 1000, max_records: int | None = None,
-                      keys: Keys | None = None) -> AsyncIterator[list[Received]]:
+                      wanted: Wanted | None = None) -> AsyncIterator[list[Received]]:
         """Like iteration, but a batch per fetch (possibly empty), so callers can stop on idleness. Records whose
-        key `keys` refuses are passed over undecoded (a reader that wants them all judges them)."""
+        `wanted` refuses are passed over undecoded (a reader that wants them all judges them)."""
         while True:
             try:
                 fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
@@ -157,7 +157,7 @@ class EventConsumer(Lifecycle):
             try:
                 for records in fetched.values():
                     for record in records:
-                        if keys is not None and not keys(record.key):
+                        if wanted is not None and not wanted(record):
                             continue
                         received = await self._accept(record)
                         if received is not None:
@@ -169,7 +169,7 @@ class EventConsumer(Lifecycle):
                 raise
             yield batch
 
-    async def follow(self, timeout_ms: int = 200, progress: Progress | None = None, keys: Keys | None = None
+    async def follow(self, timeout_ms: int = 200, progress: Progress | None = None, wanted: Wanted | None = None
                      ) -> AsyncIterator[Received | CaughtUp]:
         """Every event from the current position on, for ever, with `CAUGHT_UP` once after the last record that
         the topics held when it began (at once if they held none): the projection of a reader that rebuilds its
@@ -179,17 +179,17 @@ class EventConsumer(Lifecycle):
         caught_up = await self._reached(ends, total, progress)
         if caught_up:
             yield CAUGHT_UP
-        async for batch in self.batches(timeout_ms=timeout_ms, keys=keys):
+        async for batch in self.batches(timeout_ms=timeout_ms, wanted=wanted):
             for received in batch:
                 yield received
             if not caught_up and await self._reached(ends, total, progress):
                 caught_up = True
                 yield CAUGHT_UP
 
-    async def read_to_end(self, timeout_ms: int = 200, progress: Progress | None = None, keys: Keys | None = None
-                          ) -> AsyncIterator[Received]:
+    async def read_to_end(self, timeout_ms: int = 200, progress: Progress | None = None,
+                          wanted: Wanted | None = None) -> AsyncIterator[Received]:
         """Every event on the topics now, from the current position, then stop."""
-        async for item in self.follow(timeout_ms, progress, keys):
+        async for item in self.follow(timeout_ms, progress, wanted):
             if isinstance(item, CaughtUp):
                 return
             yield item

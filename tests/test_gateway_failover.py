@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.history import fold
+from gateway.peers import OwnWrites
 from infra.processes import free_port, stop
 from schemas.events import ModelCall, RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
@@ -169,3 +170,11 @@ def test_the_fold_gives_the_next_seq_the_calls_and_the_turns(history: list[tuple
         assert not state.sealed and state.acknowledged == [c.call_id for c in calls]
         assert state.next_seq == len(calls)
         assert state.turns == [("k", [c.seq, c.seq + 1]) for c in calls if c.status == "ok"]
+
+
+def test_own_writes_are_recognised_once_and_bounded() -> None:
+    own = OwnWrites(limit=3)
+    for offset in range(5):
+        own.add(0, offset)
+    assert [own.pop(0, o) for o in range(5)] == [False, False, True, True, True]  # the oldest aged out
+    assert not own.pop(0, 4)  # each record is read once

@@ -177,7 +177,7 @@ async def test_a_reader_of_one_key_assigns_its_partition_seeks_by_time_and_decod
         consumer.assign([tp])
         async with asyncio.timeout(60):
             await consumer.seek_to_time(tp, 0)
-            got = [r.event async for r in consumer.read_to_end(keys=lambda k: k == b"mine")]
+            got = [r.event async for r in consumer.read_to_end(wanted=lambda r: r.key == b"mine")]
             assert got == mine and consumer.dead_lettered == 0  # the other key's garbage was never decoded
             await consumer.seek_to_time(tp, int((time.time() + 3600) * 1000))  # nothing that late: the end
             assert [r async for r in consumer.read_to_end()] == []
