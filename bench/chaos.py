@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -137,11 +138,28 @@ class Monitor(threading.Thread):
                 if self.stopping.is_set():
                     return
 
+    @staticmethod
+    def stamp(at: float, event: Event) -> float:
+        """When it happened: the event's own time where its writer stamps it at writing (a version published, a
+        rollout launched), else when the monitor read it (a task group's created_at is its data's, for replays)."""
+        if isinstance(event, WeightVersionPublished):
+            return event.published_at.timestamp()
+        if isinstance(event, RolloutStarted):
+            return event.started_at.timestamp()
+        return at
+
     def first_after(self, kind: type[Event], t: float) -> float | None:
-        return next((at for at, e in list(self.seen) if isinstance(e, kind) and at > t), None)
+        return min((self.stamp(at, e) for at, e in list(self.seen) if isinstance(e, kind)
+                    and self.stamp(at, e) > t), default=None)
+
+    def lag(self) -> float:
+        """The longest a published version took to reach the monitor: how far arrival times can be trusted."""
+        return max((at - e.published_at.timestamp() for at, e in list(self.seen)
+                    if isinstance(e, WeightVersionPublished)), default=0.0)
 
     def versions(self) -> list[tuple[float, int]]:
-        return [(at, e.version) for at, e in list(self.seen) if isinstance(e, WeightVersionPublished)]
+        return sorted((e.published_at.timestamp(), e.version) for _, e in list(self.seen)
+                      if isinstance(e, WeightVersionPublished))
 
     def version_at(self, t: float) -> int:
         return max((v for at, v in self.versions() if at <= t), default=0)
@@ -219,6 +237,10 @@ class Run:
             raise RuntimeError(f"{name} is not running before its fault")
         killed = time.time()
         os.killpg(pid, signal.SIGKILL)  # the whole process group, as a crashed container goes
+        # `stack.up()` ran in this process, so the service is its child: reap it, or the pid file's check (which
+        # counts a zombie as running) has `tether up` think it still runs
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
         return killed
 
     def fault(self, name: str) -> Fault:
@@ -232,14 +254,13 @@ class Run:
             # broker.session.timeout.ms, 9 s), the node cannot register (DuplicateBrokerRegistrationException)
             # yet the launcher's readiness probe counts the stale registration, provisioning fails on the node
             # and start() kills it again. So: wait until the cluster has fenced it, then start it.
-            fenced = wait_for(f"broker {victim} fenced", lambda: victim not in asyncio.run(
-                registered(self.broker.client_settings())), 60)
+            gone = wait_for(f"broker {victim} fenced", lambda: fenced(self.broker.client_settings(), victim), 60)
             waited = time.time() - killed
             self.broker.start()  # the killed node again, on its intact disk; returns once the cluster is ready
             back = time.time()
             fault = Fault(name, f"broker {victim} (leader of tether.calls/0)", killed, back, back)
             fault.notes.append(f"restarted {waited:.1f} s after the kill, once the cluster had fenced it"
-                               if fenced else "restarted without its fencing seen")
+                               if gone else "restarted without its fencing seen")
             return fault
         if name == "gateway-replica":
             killed = self._kill_service("gateway-1")
@@ -282,11 +303,18 @@ async def calls_leader(bus: BusSettings) -> int:
     return int(next(p for p in calls["partitions"] if p["partition"] == 0)["leader"])
 
 
-async def registered(bus: BusSettings) -> set[int]:
-    """The brokers the cluster lists (unfenced registrations)."""
-    async with admin_client(bus) as admin:
-        found = await admin.describe_cluster()
-    return {int(b["node_id"]) for b in found["brokers"]}
+def fenced(bus: BusSettings, node: int) -> bool:
+    """Whether the cluster no longer lists `node` among its brokers (False while it cannot tell: the admin
+    client may have picked the dead node)."""
+    async def listed() -> set[int]:
+        async with admin_client(bus) as admin:
+            found = await admin.describe_cluster()
+        return {int(b["node_id"]) for b in found["brokers"]}
+
+    try:
+        return node not in asyncio.run(asyncio.wait_for(listed(), 10))
+    except Exception:
+        return False
 
 
 def wait_for(what: str, done: Callable[[], bool], timeout_s: float) -> bool:
@@ -479,7 +507,8 @@ def checks(run: Run, calls: list[dict[str, Any]]) -> tuple[list[Check], list[Mod
     aborted = sum(isinstance(e, UpdateAborted) for _, e in run.monitor.seen)
     out.append(Check("weight versions advanced across every fault", not stalled and bool(versions),
                      f"v{versions[0][1] if versions else '-'} → v{versions[-1][1] if versions else '-'} "
-                     f"({len(versions)} published, {aborted} updates aborted)"
+                     f"({len(versions)} published, {aborted} updates aborted; the bench's monitor read a version "
+                     f"at most {run.monitor.lag():.1f} s after it was published)"
                      + (f"; no new version after: {stalled}" if stalled else "")))
     if run.monitor.error is not None:
         out.append(Check("the bench's topic monitor ran throughout", False, repr(run.monitor.error)))
