@@ -30,7 +30,7 @@ from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 from infra.loadbalancer import config as haproxy_config
 from infra.loadbalancer import haproxy
-from infra.processes import running_pid, spawn, stop_group, tail, write_pid_file
+from infra.processes import alive, running_pid, spawn, stop_group, tail, write_pid_file
 
 _STOP_GRACE_S = 30.0  # each service's time from SIGTERM to SIGKILL on `down`
 
@@ -142,8 +142,10 @@ class Stack:
         return self.pids / f"{name}.pid"
 
     def pid(self, name: str) -> int | None:
-        """The service's pid if it runs (and is the process we started)."""
-        return running_pid(self._pid_file(name))
+        """The service's pid if it runs (and is the process we started). A service that died as a child of this
+        process is a zombie until reaped: it counts as gone (and is reaped), so `up` starts it again."""
+        pid = running_pid(self._pid_file(name))
+        return pid if pid is not None and alive(pid) else None
 
     def _write_trainer_config(self) -> None:
         s = self.settings

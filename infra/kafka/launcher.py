@@ -40,6 +40,7 @@ from schemas.settings import BusSettings
 LOG4J = Path(__file__).parent / "log4j2.properties"
 T = TypeVar("T")
 QUORUM_LOST_GRACE_S = 3.0
+FENCE_WAIT_S = 30.0  # past the brokers' session timeout (9 s), with room for a loaded machine
 RECORDED = ("brokers", "security", "host", "port", "controller_port", "internal_port")  # in cluster.json
 
 
@@ -161,6 +162,8 @@ class KafkaBroker:
         the first node."""
         with self._locked():
             stopped = [node for node in self.nodes if node.pid() is None]
+            if stopped:
+                self._await_fenced(stopped)
             started = self._start(stopped) if stopped else {}
             try:
                 self._wait_ready(started)
@@ -186,24 +189,37 @@ class KafkaBroker:
     def probe(self, timeout_s: float = 5.0) -> str | None:
         """The cluster id, once every node is a registered broker; None if the cluster does not answer so.
         Safe inside an event loop."""
+        cluster = self._describe(timeout_s)
+        return str(cluster["cluster_id"]) if cluster and len(cluster["brokers"]) == len(self.nodes) else None
+
+    def _describe(self, timeout_s: float) -> dict[str, Any] | None:
+        """The cluster as the admin API reports it (id, registered brokers); None if it does not answer."""
         try:
             settings = self.client_settings(client_id="tether-kafka-probe", request_timeout_ms=int(timeout_s * 1000))
         except BrokerStartFailed:
             return None  # secured, and never started: no users yet
-
-        async def describe() -> str | None:
-            cluster = await provision.describe_cluster(settings)
-            return str(cluster["cluster_id"]) if len(cluster["brokers"]) == len(self.nodes) else None
-
         quiet = logging.getLogger("aiokafka")
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)  # connection refusals are expected while it boots
         try:
-            return asyncio_run(asyncio.wait_for(describe(), timeout_s))
+            return asyncio_run(asyncio.wait_for(provision.describe_cluster(settings), timeout_s))
         except Exception:  # any failure to answer means "not ready", never a crash
             return None
         finally:
             quiet.setLevel(level)
+
+    def _await_fenced(self, nodes: list[Node]) -> None:
+        """A node that crashed stays registered until its session times out (9 s); started before that, it is
+        refused (DuplicateBrokerRegistration) while the cluster still lists it, so wait until the others let it
+        go. Only a partial restart waits: a cluster started whole lists nobody."""
+        if len(nodes) == len(self.nodes):
+            return
+        ids, deadline = {n.id for n in nodes}, time.monotonic() + FENCE_WAIT_S
+        while time.monotonic() < deadline:
+            cluster = self._describe(timeout_s=5.0)
+            if cluster is None or not ids & {int(b["node_id"]) for b in cluster["brokers"]}:
+                return
+            time.sleep(0.5)
 
     def status(self) -> BrokerStatus:
         pids = self.pids()
