@@ -69,6 +69,9 @@ def create_app(settings: ProcessorSettings) -> faust.App:
         # waited a minute here (found by bench/chaos.py). Re-reading is safe: results are deterministic and
         # deduplicated (see the module docstring).
         stream_wait_empty=False,
+        # A worker that died holds its partitions until its session times out (Faust's default: 60 s, which
+        # bench/chaos.py saw stall the task groups); heartbeats every 3 s keep a live one in.
+        broker_session_timeout=15.0,
         web_enabled=False,
         key_serializer="raw",
         value_serializer="raw",  # our own encodings: Avro events, JSON table states
