@@ -309,6 +309,7 @@ class Gateway:
         try:
             await self._record([record])
         except GatewayError:
+            attempt.rollout.unacknowledged.add(record.call_id)  # it may land later: never part of the rollout
             return []
         return [record.call_id]
 
