@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gateway.chat import Generation, TokenUsage
+from gateway.choices import Delta
 from gateway.errors import GatewayError
 from gateway.protocol.openai import (
     AssistantMessage,
@@ -22,7 +23,7 @@ from gateway.protocol.openai import (
     TopLogprob,
     Usage,
 )
-from gateway.service import Delta, Finished, Started
+from gateway.service import Finished, Started
 
 Decode = Callable[[int], str]
 

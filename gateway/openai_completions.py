@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gateway.chat import Generation, TokenUsage
+from gateway.choices import Delta
 from gateway.errors import GatewayError
 from gateway.protocol.openai import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
-from gateway.service import Delta, Finished, Started
+from gateway.service import Finished, Started
 
 
 class Responder:

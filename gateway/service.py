@@ -31,10 +31,11 @@ import orjson
 from pydantic import BaseModel
 
 from gateway.chat import ChatRequest, Generation, TokenUsage, message_key
+from gateway.choices import Choices, Delta
 from gateway.engines import EnginePool
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
 from gateway.gate import Gate
-from gateway.history import RolloutHistory
+from gateway.history import Recovered, RolloutHistory
 from gateway.metrics import Metrics
 from gateway.recorder import Recorder
 from gateway.render import Renderer, own_turns
@@ -64,14 +65,6 @@ class Started:
     """The prompt is rendered and the call admitted: what a stream can announce before any token."""
 
     prompt_tokens: int
-
-
-@dataclass
-class Delta:
-    """Streamed content of one choice; tool calls come whole at the end."""
-
-    index: int
-    text: str
 
 
 @dataclass(kw_only=True)
@@ -114,7 +107,7 @@ class Gateway:
 
     def __init__(self, *, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser,
                  engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics,
-                 history: RolloutHistory | None = None) -> None:
+                 history: RolloutHistory) -> None:
         self.gateway_id = gateway_id
         self.model = model
         self.renderer = renderer
@@ -124,7 +117,7 @@ class Gateway:
         self.rollouts = rollouts
         self.gate = gate
         self.metrics = metrics
-        self.history = history  # None: this process's memory is the only record (no restore, no replicas)
+        self.history = history  # the log, where rollouts this process does not hold are read back
         self.version = 0  # the last weight version published; engines that report theirs win
         self._restoring: dict[str, asyncio.Task[Rollout]] = {}
 
@@ -140,22 +133,25 @@ class Gateway:
         """The rollout from memory, or else from the log: read once, however many calls ask at the same time.
         `issued_at` (its token's) bounds how far back its history can start."""
         found = self.rollouts.find(rollout_id)
-        if found is not None or self.history is None:
-            return found or self.rollouts.get(rollout_id)
+        if found is not None:
+            return found
         task = self._restoring.get(rollout_id)
         if task is None:
             since = issued_at if issued_at is not None else time.time() - self.history.window_s
-            task = self._restoring[rollout_id] = asyncio.create_task(self._restore(rollout_id, self.history, since))
+            task = self._restoring[rollout_id] = asyncio.create_task(self._restore(rollout_id, since))
             task.add_done_callback(lambda _: self._restoring.pop(rollout_id, None))
         return await asyncio.shield(task)
 
-    async def _restore(self, rollout_id: str, history: RolloutHistory, since: float) -> Rollout:
-        started = time.perf_counter()
+    async def _read(self, rollout_id: str, since: float) -> Recovered | None:
         try:
-            recovered = await history.read(rollout_id, since)
+            return await self.history.read(rollout_id, since)
         except BusError as exc:
             raise HistoryUnavailable(f"rollout {rollout_id!r} could not be read back from Kafka: {exc}",
                                      retry_after_s=2) from exc
+
+    async def _restore(self, rollout_id: str, since: float) -> Rollout:
+        started = time.perf_counter()
+        recovered = await self._read(rollout_id, since)
         if recovered is None:
             raise RolloutNotFound(f"rollout {rollout_id!r} is not registered with this gateway, and the log has "
                                   "no record of it")
@@ -170,22 +166,12 @@ class Gateway:
         """Close the rollout once its calls in flight are done; its RolloutSealed lists the calls Kafka has for
         it, whichever replica served them. The call ids are returned."""
         rollout = await self.rollout(rollout_id)
-        already = rollout.sealed
         await self.rollouts.seal(rollout_id)
-        call_ids = list(rollout.acknowledged)
-        if self.history is not None:
-            try:
-                logged = await self.history.read(rollout_id, rollout.since)
-            except BusError as exc:
-                raise HistoryUnavailable(f"rollout {rollout_id!r} could not be read back from Kafka: {exc}",
-                                         retry_after_s=2) from exc
-            if logged is not None and logged.sealed:
-                return logged.acknowledged  # sealed before, maybe by another replica: that record stands
-            logged_ids = logged.acknowledged if logged is not None else []
-            call_ids = [c for c in logged_ids if c not in rollout.unacknowledged]
-            call_ids += [c for c in rollout.acknowledged if c not in set(call_ids)]
-        elif already:
-            return call_ids
+        logged = await self._read(rollout_id, rollout.since)
+        if logged is not None and logged.sealed:
+            return logged.acknowledged  # sealed before, maybe by another replica: that record stands
+        call_ids = [c for c in (logged.acknowledged if logged else []) if c not in rollout.unacknowledged]
+        call_ids += [c for c in rollout.acknowledged if c not in set(call_ids)]  # (all are logged once acked)
         rollout.acknowledged = call_ids
         await self.recorder.event(events.RolloutSealed(rollout_id=rollout_id, run_id=rollout.run_id,
                                                        call_ids=call_ids))
@@ -248,7 +234,7 @@ class Gateway:
         attempt.prompt = prompt = self._render(rollout, call.chat)
         yield Started(len(prompt))
         engine_started = time.perf_counter()
-        state = _Streams(call.chat.sampling.n, self.parser.start_marker)
+        state = Choices(call.chat.sampling.n, self.parser.start_marker)
         version = self.version
         async for chunk in self._generate(rollout, prompt, call.chat, stream):
             reported = chunk.get("weight_version")  # our engine says which weights; vLLM does not
@@ -330,63 +316,3 @@ class Gateway:
             error=error.message if error is not None else None,
             turn_key=message_key(g.content, g.tool_calls) if error is None else None,
         )
-
-
-class _Streams:
-    """Per-choice accumulation of engine chunks; streamed text stops at a possible tool call."""
-
-    def __init__(self, n: int, marker: str) -> None:
-        self.marker = marker
-        self.ids: dict[int, list[int]] = {i: [] for i in range(n)}
-        self.logprobs: dict[int, list[float]] = {i: [] for i in range(n)}
-        self.tops: dict[int, list[dict[str, float]]] = {i: [] for i in range(n)}
-        self.text: dict[int, str] = {i: "" for i in range(n)}
-        self.sent: dict[int, int] = {i: 0 for i in range(n)}
-        self.finish_reasons: dict[int, str] = {}
-        self.stop_reasons: dict[int, str | int | None] = {}
-
-    def add(self, chunk: dict[str, Any]) -> list[Delta]:
-        deltas = []
-        for choice in chunk.get("choices", []):
-            i = int(choice["index"])
-            self.ids[i] += choice.get("token_ids") or []
-            lp = choice.get("logprobs") or {}
-            self.logprobs[i] += lp.get("token_logprobs") or []
-            self.tops[i] += lp.get("top_logprobs") or []
-            self.text[i] += choice.get("text") or ""
-            if choice.get("finish_reason"):
-                self.finish_reasons[i] = choice["finish_reason"]
-                self.stop_reasons[i] = choice.get("stop_reason")
-            safe = self._streamable(i)
-            if safe > self.sent[i]:
-                deltas.append(Delta(i, self.text[i][self.sent[i]:safe]))
-                self.sent[i] = safe
-        return deltas
-
-    def _streamable(self, i: int) -> int:
-        """Text up to a tool-call marker (or a prefix of one at the end) can be shown at once."""
-        text = self.text[i]
-        at = text.find(self.marker)
-        if at >= 0:
-            return at
-        for k in range(min(len(self.marker) - 1, len(text)), 0, -1):
-            if self.marker.startswith(text[-k:]):
-                return len(text) - k
-        return len(text)
-
-    def rest(self, generations: list[Generation]) -> list[Delta]:
-        return [Delta(g.index, g.content[self.sent[g.index]:]) for g in generations
-                if not g.tool_calls and len(g.content) > self.sent[g.index]]
-
-    def finish(self, parser: ToolParser, chat: ChatRequest) -> list[Generation]:
-        out = []
-        for i in sorted(self.ids):
-            text = self.text[i]
-            content, calls = parser.parse(text) if chat.tools and chat.tool_choice != "none" else (text, [])
-            if not calls:
-                content = text
-            reason = "tool_calls" if calls else self.finish_reasons.get(i, "stop")
-            out.append(Generation(index=i, token_ids=self.ids[i], logprobs=self.logprobs[i], top_logprobs=self.tops[i],
-                                  text=text, finish_reason=reason, content=content, tool_calls=calls,
-                                  stop_reason=self.stop_reasons.get(i)))
-        return out

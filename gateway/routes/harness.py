@@ -17,10 +17,11 @@ from pydantic import BaseModel
 
 from gateway import anthropic_messages, openai_chat, openai_completions
 from gateway.chat import ChatRequest, Generation, TokenUsage
+from gateway.choices import Delta
 from gateway.protocol.anthropic import MessagesRequest
 from gateway.protocol.openai import ChatCompletionRequest, CompletionRequest
 from gateway.routes.common import AnthropicRoute, BoundRollout, OpenAIRoute, Service, Settings, parse_body
-from gateway.service import Call, Delta, Finished, Gateway, Started
+from gateway.service import Call, Finished, Gateway, Started
 from schemas.rollout_token import Claims
 
 
