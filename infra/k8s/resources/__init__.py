@@ -1,0 +1,1 @@
+"""The resources of the manifests, one module per group that is deployed and reasoned about together."""
