@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -180,6 +181,23 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_port_block(span: int = 30) -> int:
+    """A base port with base..base+span-1 all free on loopback, for a server that takes several ports at fixed
+    offsets from one base: node K of a Kafka cluster uses base + 10*(K-1) + 0..2 (client, controller,
+    inter-broker). Picked at random below the ephemeral range, so a port the kernel hands out meanwhile does not
+    land in the block."""
+    for _ in range(200):
+        base = random.randrange(20_000, 32_000, 10)
+        try:
+            for port in range(base, base + span):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free block of ports")
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], what: str, timeout_s: float = 180,

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ from infra.kafka.acls import BY_NAME, PROCESSOR_PREFIX, SERVICES, USERS
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 from infra.kafka.tls import Certificates
-from infra.processes import stop
+from infra.processes import free_port_block, stop
 from schemas import topics
 from schemas.admin import admin_client
 from schemas.consumer import EventConsumer
@@ -41,20 +39,6 @@ from tests.conftest import RunningEngine, gateway
 from tests.factories import examples, synthetic_run
 
 NODES = 3
-
-
-def free_port_block(span: int = 30) -> int:
-    """A base port with base..base+span free on loopback: node K of the cluster uses base + 10*(K-1) + 0..2."""
-    for _ in range(200):
-        base = random.randrange(20_000, 32_000, 10)  # below the ephemeral range
-        try:
-            for port in range(base, base + span):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ports")
 
 
 @pytest.fixture(scope="module")
