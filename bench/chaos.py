@@ -103,8 +103,7 @@ def live(run: Run) -> None:
         with console.status(f"fault: {name}"):
             fault = run.fault(name)
         console.print(f"{fault.what}: killed at +{fault.killed - run.started:.1f} s, back after "
-                      f"{fault.back - fault.killed:.1f} s{''.join(f'; {n}' for n in fault.notes)}; "
-                      f"settling {run.args.settle:.0f} s")
+                      f"{fault.back - fault.killed:.1f} s; settling {run.args.settle:.0f} s")
         run.faults.append(fault)
         if run.second_worker is not None and run.second_worker.poll() is not None:
             console.print(f"[red]the second processors worker exited with {run.second_worker.returncode}[/red]")

@@ -3,7 +3,8 @@
 Everything the bench runs lives here, apart from how the run is ordered and reported (bench/chaos.py): the
 three-broker cluster and the stack built for it, the parts not in the stack's own list (a second processors
 worker, the controller with its config and harness), and the fault schedule's one step, a SIGKILL of one part,
-its time down and its restart, measured.
+its time down and its restart, measured. The Kafka launcher restarts a killed node itself once the cluster has
+fenced it, so a broker fault is a kill and a start like the others.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +53,6 @@ class Fault:
     killed: float
     back: float  # the part restarted and ready again
     recovered: float | None = None  # by the fault's own measure (see bench/chaos.py's docstring)
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -150,18 +149,11 @@ class Run:
         killed = time.time()
         self.broker.stop(force=True, node=victim)
         time.sleep(self.args.down)
-        # Started again while the cluster still holds the killed node's registration (its session lasts
-        # broker.session.timeout.ms, 9 s), the node cannot register (DuplicateBrokerRegistrationException)
-        # yet the launcher's readiness probe counts the stale registration, provisioning fails on the node
-        # and start() kills it again. So: wait until the cluster has fenced it, then start it.
-        gone = wait_for(lambda: fenced(self.broker.client_settings(), victim), 60)
-        waited = time.time() - killed
-        self.broker.start()  # the killed node again, on its intact disk; returns once the cluster is ready
+        # the killed node again, on its intact disk: the launcher waits until the cluster has fenced it (started
+        # while still registered, it would be refused), starts it and returns once the cluster is ready
+        self.broker.start()
         back = time.time()
-        fault = Fault("broker", f"broker {victim} (leader of tether.calls/0)", killed, back, back)
-        fault.notes.append(f"restarted {waited:.1f} s after the kill, once the cluster had fenced it"
-                           if gone else "restarted without its fencing seen")
-        return fault
+        return Fault("broker", f"broker {victim} (leader of tether.calls/0)", killed, back, back)
 
     def _controller_fault(self) -> Fault:
         assert self.controller is not None
@@ -213,26 +205,3 @@ async def calls_leader(bus: BusSettings) -> int:
     async with admin_client(bus) as admin:
         (calls,) = await admin.describe_topics([topics.CALLS.name])
     return int(next(p for p in calls["partitions"] if p["partition"] == 0)["leader"])
-
-
-def fenced(bus: BusSettings, node: int) -> bool:
-    """Whether the cluster no longer lists `node` among its brokers (False while it cannot tell: the admin
-    client may have picked the dead node)."""
-    async def listed() -> set[int]:
-        async with admin_client(bus) as admin:
-            found = await admin.describe_cluster()
-        return {int(b["node_id"]) for b in found["brokers"]}
-
-    try:
-        return node not in asyncio.run(asyncio.wait_for(listed(), 10))
-    except Exception:
-        return False
-
-
-def wait_for(done: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if done():
-            return True
-        time.sleep(0.5)
-    return False
