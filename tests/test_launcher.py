@@ -168,3 +168,28 @@ def test_cluster_ids_are_kafka_uuids_the_storage_tool_accepts() -> None:
     ids = [new_cluster_id() for _ in range(2000)]
     assert not [i for i in ids if i.startswith("-")]
     assert all(len(base64.urlsafe_b64decode(i + "==")) == 16 for i in ids) and len(set(ids)) == 2000
+
+
+def test_a_restarted_node_waits_until_the_cluster_answers_without_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed describe (the admin client asked the dead node) is no answer: taking it for "fenced" restarted
+    the node while the others still listed it, and its registration was refused."""
+    broker = KafkaBroker(BrokerSettings(state_dir=tmp_path, brokers=3))
+    answers: list[dict[str, object] | None] = [
+        None,
+        {"cluster_id": "c", "brokers": [{"node_id": 1}, {"node_id": 2}, {"node_id": 3}]},
+        None,
+        {"cluster_id": "c", "brokers": [{"node_id": 1}, {"node_id": 3}]},
+    ]
+    asked = []
+
+    def describe(timeout_s: float) -> dict[str, object] | None:
+        asked.append(timeout_s)
+        return answers[len(asked) - 1]
+
+    monkeypatch.setattr(broker, "_describe", describe)
+    monkeypatch.setattr("infra.kafka.launcher.time.sleep", lambda s: None)
+    broker._await_fenced([broker.nodes[1]])
+    assert len(asked) == 4  # returned only on the answer that no longer lists node 2
+    broker._await_fenced(broker.nodes)  # a whole-cluster start asks nobody
+    assert len(asked) == 4

@@ -216,8 +216,8 @@ class KafkaBroker:
             return
         ids, deadline = {n.id for n in nodes}, time.monotonic() + FENCE_WAIT_S
         while time.monotonic() < deadline:
-            cluster = self._describe(timeout_s=5.0)
-            if cluster is None or not ids & {int(b["node_id"]) for b in cluster["brokers"]}:
+            cluster = self._describe(timeout_s=5.0)  # None: the client asked the dead node; ask again
+            if cluster is not None and not ids & {int(b["node_id"]) for b in cluster["brokers"]}:
                 return
             time.sleep(0.5)
 
