@@ -25,7 +25,7 @@ class Reward(BaseModel):
     details: dict[str, Any] | None = None
 
 
-def _rollout_token(request: Request, rollout_id: str, settings: Settings) -> Claims:
+async def _rollout_token(request: Request, rollout_id: str, settings: Settings) -> Claims:
     """Only the rollout's own harness may speak for it."""
     key = api_key(request)
     found = claims(key, settings.secret) if key else None
