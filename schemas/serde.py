@@ -35,7 +35,7 @@ def encode(event: Event, registry: Registry | None = None) -> bytes:
     datum = to_avro(event)
     try:
         _check_ranges(schema.parsed, datum)
-        schemaless_writer(out, schema.parsed, datum)
+        schemaless_writer(out, schema.hinted, datum)
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         raise EncodeError(f"{type(event).__name__} does not fit its schema: {exc}") from exc
     return out.getvalue()
@@ -82,7 +82,7 @@ def decode(data: bytes, registry: Registry | None = None) -> Event:
     body = BytesIO(data)
     body.seek(HEADER_SIZE)
     try:
-        datum = schemaless_reader(body, writer.parsed, reader.parsed)
+        datum = schemaless_reader(body, writer.hinted, reader.hinted)
     except Exception as exc:  # fastavro raises many unrelated types on a bad body
         raise CorruptRecord(f"{writer.name} body does not decode: {type(exc).__name__}: {exc}") from exc
     if body.tell() != len(data):
