@@ -94,3 +94,30 @@ def test_settings_come_from_a_yaml_file_below_the_environment(tmp_path: Path,
     monkeypatch.setenv("TETHER_GATEWAY_PORT", "9555")
     settings = GatewaySettings()
     assert (settings.port, settings.max_hold_s, settings.engines) == (9555, 5.0, ["http://e1:1", "http://e2:2"])
+
+
+async def test_an_engine_writing_infinity_for_a_logprob_is_still_read() -> None:
+    """The fast JSON reader refuses -Infinity and NaN, which some servers write for a -inf logprob: the stdlib
+    reads them, whole bodies and stream chunks alike."""
+    body = '{"choices": [{"index": 0, "text": "ok", "token_ids": [1], "logprobs": [-Infinity]}]}'
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.Response(text=body, content_type="application/json")
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {body}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with engine_pool(str(server.make_url("")).rstrip("/"), retries=0) as pool:
+            whole = await pool.complete("r", {"prompt": [1]})
+            chunks = [chunk async for chunk in pool.stream("r", {"prompt": [1]})]
+    finally:
+        await server.close()
+    assert whole["choices"][0]["logprobs"] == [float("-inf")]
+    assert [c["choices"][0]["logprobs"] for c in chunks] == [[float("-inf")]]
