@@ -64,7 +64,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                       history=history)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
-                          on_version=gateway.set_version)
+                          on_version=gateway.set_version, heartbeat_s=settings.heartbeat_s)
     peers = PeerWatch(bus=settings.bus, gateway_id=settings.gateway_id, rollouts=gateway.rollouts, own=own,
                       producer=producer, metrics=metrics)
     tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]

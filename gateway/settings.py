@@ -63,6 +63,8 @@ class GatewaySettings(BaseSettings):
     model_name: str | None = Field(None, description="Model name to ask the engines for; default: what they serve.")
     tool_parser: str = "hermes"
     max_hold_s: float = Field(60.0, gt=0, description="Longest a call waits for a weight update before a 503.")
+    heartbeat_s: float = Field(10.0, gt=0, description="How often GatewayJoined is repeated on tether.control: the "
+                                                      "lease by which the trainer knows this gateway is alive.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     engine_retries: int = Field(3, ge=0)
     engine_timeout_s: float = Field(600.0, gt=0)

@@ -25,6 +25,8 @@ from schemas.consumer import EventConsumer
 from schemas.events import (
     Event,
     GatewayDrained,
+    GatewayJoined,
+    GatewayLeft,
     ModelCall,
     TaskGroup,
     TrainerStep,
@@ -42,7 +44,7 @@ from tests.factories import synthetic_run
 from trainer import checkpoint
 from trainer.config import TrainerConfig, load_config
 from trainer.errors import ConfigError
-from trainer.loop import Trainer
+from trainer.loop import Control, Trainer
 
 
 def task_groups(run_id: str, n: int, seed: int = 0, prompt_tokens: int = 40) -> list[TaskGroup]:
@@ -100,6 +102,49 @@ async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
                     if isinstance(received.event, ModelCall) and received.event.rollout_id == f"{run_id}-after":
                         assert received.event.weight_version == 1  # served by the new weights
                         break
+
+
+def test_a_member_is_silent_once_its_lease_passes_and_heartbeats_and_drains_renew_it() -> None:
+    now = [0.0]
+    control = Control(run_id="r", clock=lambda: now[0])
+    control.apply(GatewayJoined(run_id="r", gateway_id="a", url="http://a"))
+    control.apply(GatewayJoined(run_id="r", gateway_id="b", url="http://b"))
+    control.apply(GatewayJoined(run_id="other", gateway_id="c", url="http://c"))  # another run's gateway
+    now[0] = 20.0
+    control.apply(GatewayJoined(run_id="r", gateway_id="a", url="http://a"))  # a's heartbeat
+    now[0] = 31.0
+    assert control.silent(30.0) == {"b": 31.0}
+    control.apply(GatewayDrained(run_id="r", version=1, gateway_id="b", held_calls=0))  # a drain is a sign of life
+    assert control.silent(30.0) == {} and control.missing(1) == {"a"}
+    control.apply(GatewayLeft(run_id="r", gateway_id="a", reason="shut down"))
+    assert control.missing(1) == set() and set(control.members) == {"b"}
+
+
+async def test_an_update_writes_off_a_gateway_killed_without_a_word_and_keeps_the_live_one(
+        bus: BusSettings, own_engine: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    """A member that joined and died (no GatewayLeft, no heartbeat) held every update until the drain timeout,
+    and every other gateway's calls with it; now it is written off once its lease passes."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    with gateway(bus, own_engine, tiny_model, tmp_path / "gateway.log", run_id=run_id,
+                 TETHER_GATEWAY_HEARTBEAT_S="0.5"):
+        async with EventProducer(bus) as producer:
+            await producer.publish(GatewayJoined(run_id=run_id, gateway_id="gw-killed", url="http://127.0.0.1:9"))
+            await producer.publish_many(task_groups(run_id, 2))
+        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
+                               engine_url=own_engine.url, batch_groups=2, max_updates=1, zero_variance="keep",
+                               gateway_lease_s=3.0, drain_timeout_s=60.0)
+        started = time.monotonic()
+        state = await Trainer(config, bus).run()
+        took = time.monotonic() - started
+        events = await control_events(bus, run_id)
+    assert state.version == 1
+    assert took < 30, f"the update took {took:.0f} s"
+    left = [e for e in events if isinstance(e, GatewayLeft)]
+    assert [e.gateway_id for e in left if "silent" in e.reason] == ["gw-killed"]
+    assert not [e for e in left if e.gateway_id != "gw-killed" and "silent" in e.reason]  # the live one stayed
+    beats = [e for e in events if isinstance(e, GatewayJoined) and e.gateway_id != "gw-killed"]
+    assert len(beats) >= 2, "the live gateway's GatewayJoined is its heartbeat"
+    assert not [e for e in events if isinstance(e, UpdateAborted)]
 
 
 def test_killed_mid_run_the_trainer_resumes_without_repeating_or_skipping(

@@ -37,6 +37,9 @@ class TrainerConfig(BaseModel):
     epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs).")
     mini_batches: int = Field(1, ge=1, description="Optimiser steps per pass, each on a share of the rows.")
     drain_timeout_s: float = Field(120.0, gt=0, description="How long to wait for every gateway to drain.")
+    gateway_lease_s: float = Field(
+        30.0, gt=0, description="A gateway not heard from for this long (it heartbeats every 10 s by default) is "
+                                "taken for dead while an update waits for it: written off with a GatewayLeft.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["torch", "verl"] = Field(
         "torch", description="What runs the update: the embedded torch learner, or verl's worker group (a Ray "

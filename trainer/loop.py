@@ -56,23 +56,30 @@ log = logging.getLogger("tether.trainer")
 
 @dataclass(kw_only=True)
 class Control:
-    """The run's side of tether.control as the trainer needs it: who must drain, who did, what is pending."""
+    """The run's side of tether.control as the trainer needs it: who must drain, who did, what is pending.
+
+    A gateway is a member from its GatewayJoined, which it repeats as a heartbeat, until its GatewayLeft. One
+    killed without a word is recognised by its silence: `silent` names members not heard from for a lease."""
+
     run_id: str
-    members: set[str] = field(default_factory=set)
+    members: dict[str, float] = field(default_factory=dict)  # gateway id -> when last heard (`clock`)
     drained: dict[int, set[str]] = field(default_factory=dict)
     requested: int = 0
     settled: int = 0  # the latest version published or aborted
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    clock: Callable[[], float] = time.monotonic
 
     def apply(self, event: Event) -> None:
         if run_of(event) != self.run_id:
             return
         if isinstance(event, GatewayJoined):
-            self.members.add(event.gateway_id)
+            self.members[event.gateway_id] = self.clock()
         elif isinstance(event, GatewayLeft):
-            self.members.discard(event.gateway_id)
+            self.members.pop(event.gateway_id, None)
         elif isinstance(event, GatewayDrained):
             self.drained.setdefault(event.version, set()).add(event.gateway_id)
+            if event.gateway_id in self.members:
+                self.members[event.gateway_id] = self.clock()
         elif isinstance(event, UpdateRequested):
             self.requested = max(self.requested, event.version)
         elif isinstance(event, WeightVersionPublished | UpdateAborted):
@@ -82,6 +89,15 @@ class Control:
     @property
     def pending(self) -> int | None:
         return self.requested if self.requested > self.settled else None
+
+    def missing(self, version: int) -> set[str]:
+        """Members that have not drained for `version`."""
+        return set(self.members) - self.drained.get(version, set())
+
+    def silent(self, lease_s: float) -> dict[str, float]:
+        """Members not heard from for over `lease_s`, with how long they have been silent."""
+        now = self.clock()
+        return {g: now - heard for g, heard in self.members.items() if now - heard > lease_s}
 
 
 class EngineLink:
@@ -248,9 +264,19 @@ class Trainer:
         return await asyncio.to_thread(checkpoint.commit, self.config.run_dir, staging, version)
 
     async def _wait_drained(self, producer: EventProducer, version: int) -> None:
+        """Until every member drained. A member silent past its lease (killed: no GatewayLeft came) is written off
+        with a GatewayLeft on its behalf, so the update does not wait out the drain timeout for the dead."""
         deadline = time.monotonic() + self.config.drain_timeout_s
         while True:
-            missing = self.control.members - self.control.drained.get(version, set())
+            for gateway_id, quiet_s in self.control.silent(self.config.gateway_lease_s).items():
+                if gateway_id in self.control.missing(version):
+                    log.warning("gateway %s silent for %.0f s: written off for version %d", gateway_id, quiet_s,
+                                version)
+                    self.control.members.pop(gateway_id, None)
+                    await producer.publish(GatewayLeft(
+                        run_id=self.config.run_id, gateway_id=gateway_id,
+                        reason=f"silent for {quiet_s:.0f} s (no heartbeat) while version {version} waited"))
+            missing = self.control.missing(version)
             if not missing:
                 return
             remaining = deadline - time.monotonic()
@@ -260,5 +286,5 @@ class Trainer:
                 raise DrainTimeout(f"gateways {sorted(missing)} did not report GatewayDrained for version "
                                    f"{version} within {self.config.drain_timeout_s:.0f} s; update aborted")
             self.control.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.control.changed.wait(), remaining)
+            with contextlib.suppress(TimeoutError):  # woken by the log, or to look at the leases again
+                await asyncio.wait_for(self.control.changed.wait(), min(remaining, 1.0))
