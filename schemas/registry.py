@@ -41,8 +41,8 @@ class SchemaVersion:
 def load(path: Path) -> SchemaVersion:
     """Parse one .avsc file; unions must be null plus one type, so every value maps to one class."""
     raw = json.loads(path.read_text())
-    parsed = parse_schema(raw, _write_hint=False)
-    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+    parsed, hinted = parse_schema(raw, _write_hint=False), parse_schema(raw)
+    if not isinstance(parsed, dict) or not isinstance(hinted, dict) or parsed.get("type") != "record":
         raise SchemaError(f"{path}: a top-level schema must be a record")
     _check_unions(parsed, path)
     return SchemaVersion(
@@ -50,7 +50,7 @@ def load(path: Path) -> SchemaVersion:
         parsed=parsed,
         fingerprint=bytes.fromhex(fingerprint(to_parsing_canonical_form(raw), "CRC-64-AVRO")),
         source=path,
-        hinted=parse_schema(raw),
+        hinted=hinted,
     )
 
 
