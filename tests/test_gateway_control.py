@@ -48,7 +48,8 @@ async def control_events(bus: BusSettings, run_id: str, kind: type, wanted: int 
 
 async def test_update_holds_calls_drains_and_resumes(scripted_gateway: RunningGateway, bus: BusSettings) -> None:
     gw = scripted_gateway
-    (joined,) = await control_events(bus, gw.run_id, GatewayJoined)
+    joined, *beats = await control_events(bus, gw.run_id, GatewayJoined)  # then one a heartbeat (10 s)
+    assert all(b.gateway_id == joined.gateway_id for b in beats)  # type: ignore[attr-defined]
     rollout_id, token = new_rollout(gw)
     version = 7
     async with EventProducer(bus) as producer, httpx.AsyncClient(base_url=gw.url, timeout=60) as http:
