@@ -60,7 +60,13 @@ class Processors:
         self.samples = app.topic(topics.SAMPLES.name, **RAW)
         self.deadletters = app.topic(topics.DEADLETTER.name, **RAW)
         self.rollouts = app.Table("rollouts", key_type=bytes, value_type=bytes, partitions=topics.CALLS.partitions)
-        self.groups = app.Table("groups", key_type=bytes, value_type=bytes, partitions=topics.SAMPLES.partitions)
+        # The timer changes this table too, outside any stream's event, where Faust cannot take the partition from
+        # the event and refuses ("Cannot modify table key from outside of stream iteration": the processors
+        # crashed so in CI). Its changelog partition comes from the key instead, murmur2 like the producer
+        # that keys `-complete` by group id, so a group's changelog partition stays its source partition.
+        self.groups = app.Table("groups", key_type=bytes, value_type=bytes, partitions=topics.SAMPLES.partitions,
+                                use_partitioner=True)
+        self.app = app
         self.counters = Counters()
         self._reported = Counters()
 
@@ -116,9 +122,13 @@ class Processors:
             self._reported = replace(self.counters)
 
     async def partial_groups(self) -> None:
-        """A group that waited past the timeout goes out with the rollouts it has."""
+        """A group that waited past the timeout goes out with the rollouts it has. Only groups of partitions this
+        worker holds now: the in-memory table keeps those it held before a rebalance, whose groups are another's."""
         now = time.time()
+        held = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.complete.get_topic_name()}
         for gid, state in list(self.groups.items()):
+            if topics.partition_for(gid, topics.SAMPLES.partitions) not in held:
+                continue
             current = GroupState.loads(state)
             if current.emitted or now - current.first_seen < self.settings.group_timeout_s or not current.rollouts:
                 continue
