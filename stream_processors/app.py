@@ -65,6 +65,10 @@ def create_app(settings: ProcessorSettings) -> faust.App:
         producer_max_request_size=bus.max_request_bytes,
         consumer_max_fetch_size=bus.max_partition_fetch_bytes,
         stream_buffer_maxsize=256,
+        # A worker that died holds its partitions until its session times out: Faust's default, 60 s, starved the
+        # trainer of the groups of those partitions for a minute in bench/chaos.py. Heartbeats (every 3 s) keep a
+        # live worker in.
+        broker_session_timeout=15.0,
         web_enabled=False,
         key_serializer="raw",
         value_serializer="raw",  # our own encodings: Avro events, JSON table states
