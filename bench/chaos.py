@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/chaos.py [--warmup 30] [--settle 25] [--down 5] [--concurrency 4] [--turns 8]
                                     [--faults broker,gateway-replica,processors,trainer,controller] [--keep]
+                                    [--security sasl_ssl]
 
-The run: a three-broker plaintext KRaft cluster (the project's launcher,
-replication factor 3, min.insync.replicas 2), `tether up`'s stack with two
+The run: a three-broker KRaft cluster (the project's launcher, replication
+factor 3, min.insync.replicas 2; plaintext, or with --security sasl_ssl TLS,
+a SCRAM user per service and ACLs), `tether up`'s stack with two
 gateway replicas behind HAProxy, the processors, a second processors worker
 sharing tether.calls' partitions (same app id, its own state folder, no
 analytics sink), the trainer updating every `--batch-groups` task groups, and
@@ -88,6 +90,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between a harness's calls")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--heap", default="384m", help="each broker's JVM heap")
+    parser.add_argument("--security", choices=("plaintext", "sasl_ssl"), default="plaintext",
+                        help="the cluster's listeners: sasl_ssl gives every service its own user, TLS and ACLs")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, calls, checkpoints)")
     args = parser.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
@@ -120,7 +124,7 @@ def start(run: Run) -> None:
     with console.status("three KRaft brokers..."):
         t = time.time()
         run.broker.start()
-    console.print(f"Kafka: 3 brokers on {run.broker.bootstrap} ({time.time() - t:.0f} s)")
+    console.print(f"Kafka: 3 brokers on {run.broker.bootstrap}, {run.args.security} ({time.time() - t:.0f} s)")
     with console.status("tether up: engine, 2 gateway replicas + HAProxy, processors, trainer..."):
         t = time.time()
         run.stack.up()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 from schemas import topics
 from schemas.consumer import EventConsumer
@@ -23,7 +24,8 @@ class Monitor(threading.Thread):
     """Follows tether.samples, tether.control and tether.rollouts from the start, noting when each of the run's
     events arrived (wall clock): task groups emitted, versions published, rollouts launched."""
 
-    def __init__(self, bus: BusSettings, run_id: str) -> None:
+    def __init__(self, bus: Callable[[], BusSettings], run_id: str) -> None:
+        """`bus`: the settings once the cluster is up (a secured one makes its users as it starts)."""
         super().__init__(daemon=True, name="monitor")
         self.bus, self.run_id = bus, run_id
         self.seen: list[tuple[float, Event]] = []
@@ -38,8 +40,9 @@ class Monitor(threading.Thread):
 
     async def _follow(self) -> None:
         wanted = [topics.SAMPLES, topics.CONTROL, topics.ROLLOUTS]
-        async with EventProducer(self.bus) as dlq, \
-                EventConsumer(self.bus, wanted, dlq, name=f"chaos-monitor-{self.run_id}") as consumer:
+        bus = self.bus()
+        async with EventProducer(bus) as dlq, \
+                EventConsumer(bus, wanted, dlq, name=f"chaos-monitor-{self.run_id}") as consumer:
             async for batch in consumer.batches(timeout_ms=300):
                 now = time.time()
                 self.seen += [(now, r.event) for r in batch if getattr(r.event, "run_id", None) == self.run_id]

@@ -189,7 +189,7 @@ def prepare(args: argparse.Namespace) -> Run:
     scratch = Path(tempfile.mkdtemp(prefix="tether-chaos-"))
     base = free_port_block()
     broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", brokers=3, port=base, controller_port=base + 1,
-                                        heap=args.heap, start_timeout_s=240))
+                                        heap=args.heap, start_timeout_s=240, security=args.security))
     run_id = "chaos"
     settings = StackSettings(run_id=run_id, home=scratch / "home", model=init_tiny(scratch / "tiny"),
                              engine_port=free_port(), gateway_port=free_port(), gateway_replicas=2, trainer={
@@ -197,7 +197,7 @@ def prepare(args: argparse.Namespace) -> Run:
                                  "lr": 1e-4})
     calls_dir = scratch / "calls"
     calls_dir.mkdir()
-    return Run(args, scratch, broker, Stack(settings, broker=broker), Monitor(broker.client_settings(), run_id),
+    return Run(args, scratch, broker, Stack(settings, broker=broker), Monitor(broker.client_settings, run_id),
                calls_dir)
 
 

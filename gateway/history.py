@@ -13,6 +13,7 @@ taken when it starts, which every call any replica has acknowledged is below.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class RolloutHistory:
 
     def __init__(self, bus: BusSettings, deadletters: EventProducer, *, window_s: float, name: str) -> None:
         self.bus, self.deadletters, self.window_s, self.name = bus, deadletters, window_s, name
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def read(self, rollout_id: str, since: float | None = None) -> Recovered | None:
         """The rollout as the log holds it now. `since`: when it could have started at the earliest (epoch
@@ -74,9 +76,20 @@ class RolloutHistory:
         start_ms = int(((since if since is not None else time.time() - self.window_s) - 60) * 1000)
         partitions = [TopicPartition(t.name, topics.partition_for(key, t.partitions))
                       for t in (topics.ROLLOUTS, topics.CALLS)]
-        async with EventConsumer(self.bus, [], self.deadletters, name=self.name) as consumer:
+        consumer = EventConsumer(self.bus, [], self.deadletters, name=self.name)
+        await consumer.start()
+        try:
             consumer.assign(partitions)
             for tp in partitions:
                 await consumer.seek_to_time(tp, max(start_ms, 0))
             found = [r.event async for r in consumer.read_to_end(timeout_ms=100, wanted=lambda r: r.key == key)]
+        finally:
+            self._close_later(consumer)
         return fold(rollout_id, found)
+
+    def _close_later(self, consumer: EventConsumer) -> None:
+        """Closed off the call's path: under uvloop, closing TLS connections waits for the brokers' close_notify,
+        which does not come, until uvloop's 30 s shutdown timeout (every restore took 31 s on a secured cluster)."""
+        task = asyncio.create_task(consumer.stop())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
