@@ -13,6 +13,8 @@ trainer), marking the moment it has caught up with `CAUGHT_UP`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
@@ -97,8 +99,11 @@ class EventConsumer(Lifecycle):
             denied = await refusal(exc, self._settings, self._name, "read")
             raise denied or DeliveryError(f"consumer cannot reach Kafka: {exc!r}") from exc
 
-    async def stop(self) -> None:
-        await self._consumer.stop()
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Bounded: under uvloop, closing a TLS connection waits up to 30 s for a close_notify the brokers do not
+        send (a gateway's stop on a secured cluster took that long)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._consumer.stop(), timeout_s)
 
     async def commit(self) -> None:
         """Commit the positions past everything yielded so far (group consumers only)."""
