@@ -41,7 +41,7 @@ log = logging.getLogger("tether.gateway.control")
 class ControlLoop:
     def __init__(self, *, bus: BusSettings, run_id: str, gateway_id: str, url: str, gate: Gate,
                  producer: EventProducer, metrics: Metrics, on_version: Callable[[int], None],
-                 heartbeat_s: float = 10.0) -> None:
+                 heartbeat_s: float) -> None:
         self.bus, self.run_id, self.gateway_id, self.url = bus, run_id, gateway_id, url
         self.heartbeat_s = heartbeat_s
         self.gate, self.producer, self.metrics = gate, producer, metrics
