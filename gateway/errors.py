@@ -6,6 +6,7 @@
     ├── Unauthorized              401  no key, or a key that is neither a rollout token nor the admin key
     ├── Forbidden                 403  a rollout token used for another rollout
     ├── RolloutNotFound           404  neither this process nor the log knows the rollout
+    ├── ResponseNotFound          404  no stored response has that id in the caller's rollout
     ├── RolloutAlreadySealed      409  the rollout is sealed: its record is closed
     ├── InternalError             500  a bug or an unforeseen failure inside the gateway (recorded all the same)
     ├── EngineFailed              502  the inference engine failed or answered with an error
@@ -64,6 +65,10 @@ class Forbidden(GatewayError):
 
 
 class RolloutNotFound(GatewayError):
+    status, openai_type, anthropic_type = 404, "not_found_error", "not_found_error"
+
+
+class ResponseNotFound(GatewayError):
     status, openai_type, anthropic_type = 404, "not_found_error", "not_found_error"
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from gateway.protocol.responses import RESPONSES, stored_id
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import Event, ModelCall, RolloutSealed, RolloutStarted
@@ -36,6 +37,7 @@ class Recovered:
     acknowledged: list[str] = field(default_factory=list)  # call ids in the order the log holds them
     sealed: bool = False
     turns: list[tuple[str, list[int]]] = field(default_factory=list)  # (turn_key, exact ids), in call order
+    answers: dict[str, tuple[str, str]] = field(default_factory=dict)  # kept answers: id → (request, response)
 
 
 def fold(rollout_id: str, history: Iterable[Event]) -> Recovered | None:
@@ -54,6 +56,9 @@ def fold(rollout_id: str, history: Iterable[Event]) -> Recovered | None:
                 state.acknowledged.append(event.call_id)
             if event.status == "ok" and event.turn_key is not None:
                 turns.append((event.seq, event.choice_index, event.turn_key, event.response_token_ids))
+            kept = stored_id(event.response_json) if event.status == "ok" and event.api == RESPONSES else None
+            if kept is not None:
+                state.answers[kept] = (event.request_json, event.response_json)
         elif isinstance(event, RolloutSealed):
             state.sealed = True
             state.acknowledged = list(event.call_ids)  # the seal is the rollout's record

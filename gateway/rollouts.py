@@ -32,6 +32,8 @@ class Rollout:
     n_turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     since: float = field(default_factory=time.time)  # the earliest it can have started: where its history begins
+    #: answers kept for reference by id while the rollout is open (Responses' store): (request, response) JSON
+    answers: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: calls answered with an error because their events were not acknowledged in time (they may land later)
     unacknowledged: set[str] = field(default_factory=set)
 
@@ -68,6 +70,7 @@ class Rollouts:
         else:
             for key, ids in recovered.turns:
                 self.remember_turn(rollout, key, ids)
+            rollout.answers.update(recovered.answers)
         return rollout
 
     def find(self, rollout_id: str) -> Rollout | None:
@@ -120,6 +123,7 @@ class Rollouts:
         self._mark_sealed(rollout)
         await rollout.idle.wait()
         rollout.turns.clear()
+        rollout.answers.clear()
         return rollout
 
     def _mark_sealed(self, rollout: Rollout) -> None:

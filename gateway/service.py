@@ -58,6 +58,8 @@ class Call:
     #: generations, usage, weight version → the response body exactly as the harness will see it (and the record)
     respond: Callable[[list[Generation], TokenUsage, int], BaseModel]
     issued_at: float | None = None  # when the rollout's token was minted: its history starts no earlier
+    #: an id under which the answer stays retrievable while the rollout is open (Responses' `store`)
+    keep_as: str | None = None
 
 
 @dataclass
@@ -252,11 +254,23 @@ class Gateway:
         attempt.pending = [r.call_id for r in records]
         await self._record(records)
         attempt.acknowledged = [r.call_id for r in records]
+        if call.keep_as is not None:
+            rollout.answers[call.keep_as] = (call.request_json, outcome.response_json)
         for g in generations:
             self.rollouts.remember_turn(rollout, message_key(g.content, g.tool_calls), g.token_ids)
         self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
         self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
         yield Finished(generations=generations, usage=usage, weight_version=version, body=body)
+
+    async def answer(self, rollout_id: str, answer_id: str, issued_at: float | None = None) -> tuple[str, str] | None:
+        """A kept answer of the rollout, (request, response) as recorded, whichever replica served it."""
+        rollout = await self.rollout(rollout_id, issued_at)
+        return rollout.answers.get(answer_id)
+
+    async def count_tokens(self, rollout_id: str, chat: ChatRequest, issued_at: float | None = None) -> int:
+        """The prompt a call would send now (own turns reused), counted with the model's template and tokenizer."""
+        rollout = await self.rollout(rollout_id, issued_at)
+        return len(self.renderer.render(chat, own_turns(chat, rollout.turns)).prompt_ids)
 
     def _render(self, rollout: Rollout, chat: ChatRequest) -> list[int]:
         if chat.raw_prompt is not None:

@@ -25,8 +25,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from gateway.protocol.anthropic import MessagesRequest
+from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
 from gateway.protocol.openai import ChatCompletionRequest, CompletionRequest
+from gateway.protocol.responses import ResponsesRequest
 from tests.conftest import RunningGateway
 from tests.test_gateway_openai import new_rollout
 
@@ -62,6 +63,12 @@ openai_tool = st.fixed_dictionaries(
     {"type": st.sampled_from(["function", "function", "code_interpreter"])},
     optional={"function": st.fixed_dictionaries({"name": st.one_of(st.sampled_from(["lookup", "submit"]), text)},
                                                 optional={"description": text, "parameters": json_object})})
+responses_function = st.fixed_dictionaries(
+    {"type": st.just("function"), "name": st.one_of(st.sampled_from(["lookup", "submit"]), text)},
+    optional={"description": text, "parameters": json_object})
+responses_tool = st.one_of(responses_function, st.fixed_dictionaries(
+    {"type": st.sampled_from(["namespace", "web_search"]), "name": text},
+    optional={"tools": st.lists(responses_function, max_size=2)}))
 #: Fields whose meaning a plain schema does not carry (free-form dicts, tag strings): drawn from what clients send.
 HINTS: dict[str, st.SearchStrategy[Json]] = {
     "type": st.one_of(st.sampled_from(["text", "tool_use", "tool_result", "image", "thinking", "function"]), text),
@@ -71,6 +78,12 @@ HINTS: dict[str, st.SearchStrategy[Json]] = {
     "tool_choice@MessagesRequest": st.fixed_dictionaries(
         {"type": st.sampled_from(["auto", "any", "tool", "none"])}, optional={"name": text}),
     "max_tokens": st.integers(1, 64),
+    "type@Item": st.one_of(st.sampled_from(["message", "message", "function_call", "function_call_output",
+                                            "reasoning"]), text),
+    "type@Part": st.one_of(st.sampled_from(["input_text", "output_text", "input_image"]), text),
+    "tools@ResponsesRequest": st.lists(responses_tool, max_size=2),
+    "tool_choice@ResponsesRequest": st.one_of(st.sampled_from(["auto", "none", "required"]), json_object),
+    "max_output_tokens": st.integers(1, 64),
 }
 
 
@@ -166,9 +179,10 @@ def _without(node: Json, part: str | int) -> Json:
 
 @st.composite
 def broken(draw: Draw, model: type[BaseModel]) -> Json:
-    """A valid-looking body with up to three things wrong with it, streaming on or off."""
+    """A valid-looking body with up to three things wrong with it, streaming on or off where it can stream."""
     body = draw(valid(model))
-    body["stream"] = draw(st.booleans())
+    if "stream" in model.model_fields:
+        body["stream"] = draw(st.booleans())
     for _ in range(draw(st.integers(0, 3))):
         path = draw(st.sampled_from(_paths(body)))
         action = draw(st.sampled_from(["junk", "drop", "extra"]))
@@ -193,7 +207,8 @@ RAW = [
 # -- the run -----------------------------------------------------------------------------
 
 APIS: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatCompletionRequest,
-                                    "/v1/completions": CompletionRequest, "/v1/messages": MessagesRequest}
+                                    "/v1/completions": CompletionRequest, "/v1/messages": MessagesRequest,
+                                    "/v1/messages/count_tokens": CountTokensRequest, "/v1/responses": ResponsesRequest}
 #: Set it higher for a longer run: TETHER_FUZZ_EXAMPLES=2000 pytest tests/test_gateway_fuzz.py
 EXAMPLES = int(os.environ.get("TETHER_FUZZ_EXAMPLES", "300"))
 
@@ -223,7 +238,7 @@ FOUND: dict[str, list[dict[str, Any]]] = {
 def check(path: str, response: httpx.Response) -> None:
     """A success, or a client error in the caller's protocol; a stream that does not end in a server error."""
     assert response.status_code < 500, f"{response.status_code}: {response.text[:2000]}"
-    anthropic = path == "/v1/messages"
+    anthropic = path.startswith("/v1/messages")
     if response.status_code >= 400:
         body = response.json()
         error = body["error"]
@@ -236,7 +251,10 @@ def check(path: str, response: httpx.Response) -> None:
     for line in response.text.splitlines():
         if line.startswith("data: ") and line != "data: [DONE]":
             event = json.loads(line[6:])
-            if anthropic:
+            if path == "/v1/responses":
+                assert event["type"] != "response.failed" or event["response"]["error"]["code"] != "server_error", \
+                    line
+            elif anthropic:
                 assert event["type"] != "error" or event["error"]["type"] not in ("api_error", "overloaded_error"), \
                     line
             else:
