@@ -4,7 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 UV     := 0.13.9
 
-.PHONY: setup system test lint run kafka-up kafka-down kafka-status bench lock clean
+# The harness CLIs the examples run unmodified (Claude Code, Codex): pinned in examples/npm/package-lock.json and
+# installed into examples/npm/node_modules, never globally. Put examples/npm/node_modules/.bin on PATH to use them.
+.PHONY: setup system harnesses test lint run kafka-up kafka-down kafka-status bench lock clean
 
 setup: system $(VENV)/.installed
 
@@ -26,11 +28,18 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python --constraint requirements.lock -e '.[test]'
 	@touch $@
 
+harnesses: examples/npm/node_modules/.installed
+
+examples/npm/node_modules/.installed: examples/npm/package.json examples/npm/package-lock.json
+	@command -v npm >/dev/null || { echo "make: the Claude Code and Codex examples need Node.js and npm (Debian: apt-get install nodejs npm)"; exit 1; }
+	cd examples/npm && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+test: lint harnesses
 	$(BIN)/pytest
 
 run: setup

@@ -1,0 +1,128 @@
+"""Claude Code and Codex, the real CLIs from npm, unmodified, run by the controller through the gateway.
+
+The engine is FakeVLLM scripted as the model would act: first a tool call in
+each CLI's own tool (Claude Code's `Bash`, Codex's `exec_command`) that writes
+the task's file, then a final message. Each CLI runs the tool, sends the result
+back on its next call and ends; the reward command finds the file. Then the
+record: every call with token ids, each prompt extending the one before (the
+model's own turns reused exactly), the task group formed by the processors,
+and a replay of the topics equal to it.
+
+The CLIs come from `make harnesses` (examples/npm); `make test` installs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from controller.config import load_config
+from controller.main import run
+from infra.processes import free_port, stop
+from schemas.events import ModelCall, TaskGroup
+from schemas.samples import unique_groups
+from schemas.settings import BusSettings
+from stream_processors.grouping import Policy
+from stream_processors.pipeline import content_hash
+from stream_processors.replay import replay
+from tests.conftest import RunningEngine, RunningGateway, gateway, spawn
+from tests.test_controller_examples import controller_settings
+from tests.test_gateway_agents import assert_extends
+from tests.test_gateway_openai import recorded
+from tests.test_processors import processor
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+NPM_BIN = EXAMPLES / "npm" / "node_modules" / ".bin"
+
+
+def tool_call(name: str, arguments: dict[str, str]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+@dataclass(frozen=True)
+class Cli:
+    example: str
+    files: tuple[str, ...]
+    replies: tuple[str, ...]
+
+
+CLAUDE_CODE = Cli("claude_code", ("run.yaml",), (
+    tool_call("Bash", {"command": "printf hi > hello.txt", "description": "Write the file"}), "Done: hello.txt."))
+CODEX = Cli("codex", ("run.yaml", "config.toml"), (
+    tool_call("exec_command", {"cmd": "printf hi > hello.txt"}), "Done: hello.txt."))
+
+
+@pytest.fixture(scope="module")
+def cli_run(bus: BusSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One run for both CLIs, and the processors that join and group its calls."""
+    if not (NPM_BIN / "claude").exists() or not (NPM_BIN / "codex").exists():
+        pytest.fail(f"the harness CLIs are not installed in {NPM_BIN}: run `make harnesses`")
+    run_id = f"clis-{uuid.uuid4().hex[:8]}"
+    with processor(bus, tmp_path_factory.mktemp("cli-processors"), run_id, f"{run_id}-processors"):
+        yield run_id
+
+
+@contextmanager
+def scripted(bus: BusSettings, tiny_model: Path, folder: Path, run_id: str, replies: tuple[str, ...]
+             ) -> Iterator[RunningGateway]:
+    port = free_port()
+    args = ["tests.fakes.vllm", "--tokenizer", str(tiny_model), "--port", str(port)]
+    for reply in replies:
+        args += ["--reply", reply]
+    url, process = spawn(args, folder / "fake.log", "FakeVLLM", port)
+    try:
+        with gateway(bus, RunningEngine(url, "fake-vllm", process), tiny_model, folder / "gateway.log", run_id) as gw:
+            yield gw
+    finally:
+        stop(process)
+
+
+@pytest.mark.parametrize("cli", [CLAUDE_CODE, CODEX], ids=lambda c: c.example)
+async def test_the_cli_runs_a_tool_and_its_episode_is_recorded_grouped_and_replayed(
+        cli: Cli, cli_run: str, bus: BusSettings, tiny_model: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", f"{NPM_BIN}:{os.environ['PATH']}")
+    for name in cli.files:
+        shutil.copy(EXAMPLES / cli.example / name, tmp_path / name)
+    task = {**json.loads((EXAMPLES / cli.example / "tasks.jsonl").read_text().splitlines()[0])}
+    task["id"] = f"{cli.example}-{task['id']}"  # one run for both CLIs: a task of each
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    config = load_config(tmp_path / "run.yaml").model_copy(update={"run_id": cli_run})
+    with scripted(bus, tiny_model, tmp_path, cli_run, cli.replies) as gw:
+        view = await run(config, controller_settings(bus, gw))
+
+    mine = {rid: state for rid, state in view.rollouts.items() if state.started.task_id == task["id"]}
+    assert len(mine) == config.group_size == 2  # the view is the run's: the other CLI's rollouts are there too
+    for rid, state in mine.items():
+        log = (config.run_dir / f"{rid}.log").read_text(errors="replace")
+        assert state.finished and (state.finished.status, state.finished.reward) == ("succeeded", 1.0), log[-3000:]
+        assert (tmp_path / "work" / rid / "hello.txt").read_text() == "hi"
+        calls = sorted((c for c in await recorded(bus, rid, 2) if isinstance(c, ModelCall)), key=lambda c: c.seq)
+        assert len(calls) == 2 and all(c.status == "ok" and c.response_token_ids for c in calls), calls
+        assert_extends(calls)  # the tool call came back from the CLI as the exact ids the model sampled
+
+    group = await group_of(bus, cli_run, task["id"])
+    assert not group.partial and sorted(r.rollout_id for r in group.rollouts) == sorted(mine)
+    events, rebuilt = await replay(bus, cli_run, Policy())
+    assert content_hash(rebuilt) == content_hash(await unique_groups(bus, cli_run))
+    assert {e.rollout_id for e in events if isinstance(e, ModelCall)} >= set(mine)
+
+
+async def group_of(bus: BusSettings, run_id: str, task_id: str, timeout_s: float = 120) -> TaskGroup:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [g for g in await unique_groups(bus, run_id) if g.task_id == task_id]
+        if found or time.monotonic() > deadline:
+            assert found, f"no task group for {task_id} within {timeout_s} s"
+            return found[0]
+        await asyncio.sleep(1.0)
