@@ -90,7 +90,7 @@ class RunView:
             state = self.rollouts.get(event.rollout_id)
             if state is not None and state.finished is None:
                 state.finished = event
-        elif isinstance(event, RewardReported):
+        elif isinstance(event, RewardReported) and event.call_id is None:  # a step reward is not the rollout's
             state = self.rollouts.get(event.rollout_id)
             if state is not None and state.reward is None:
                 state.reward = event

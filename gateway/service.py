@@ -67,6 +67,7 @@ class Started:
     """The prompt is rendered and the call admitted: what a stream can announce before any token."""
 
     prompt_tokens: int
+    call_id: str = ""  # what the harness names the call by (a step reward): the gateway's id of it
 
 
 @dataclass(kw_only=True)
@@ -77,6 +78,7 @@ class Finished:
     usage: TokenUsage
     weight_version: int
     body: bytes  # the response as JSON, as recorded
+    call_id: str = ""
 
 
 @dataclass(kw_only=True)
@@ -180,14 +182,18 @@ class Gateway:
         return call_ids
 
     async def report_reward(self, rollout_id: str, reward: float, details: dict[str, Any] | None,
-                            issued_at: float | None = None) -> None:
-        """A harness's own reward for its rollout, on the record next to its calls."""
+                            issued_at: float | None = None, call_id: str | None = None) -> None:
+        """A harness's own reward for its rollout, or for one of its calls (`call_id`: a step reward), on the
+        record next to its calls. A call is named as the gateway named it to the harness (x-tether-call-id)."""
         rollout = await self.rollout(rollout_id, issued_at)
         if not math.isfinite(reward):
             raise InvalidRequest("reward must be a finite number", "reward")
+        if call_id is not None and not any(c == call_id or c.rsplit("-", 1)[0] == call_id
+                                           for c in rollout.acknowledged):
+            raise InvalidRequest(f"call {call_id!r} is not a recorded call of rollout {rollout_id!r}", "call_id")
         await self.recorder.event(events.RewardReported(
             rollout_id=rollout_id, run_id=rollout.run_id, reward=reward, source="harness",
-            details_json=json.dumps(details) if details is not None else None))
+            details_json=json.dumps(details) if details is not None else None, call_id=call_id))
 
     # -- model calls -------------------------------------------------------------
 
@@ -234,7 +240,7 @@ class Gateway:
         """Render, generate, parse, record: the call's way when nothing fails."""
         call, rollout = attempt.call, attempt.rollout
         attempt.prompt = prompt = self._render(rollout, call.chat)
-        yield Started(len(prompt))
+        yield Started(len(prompt), attempt.call_id)
         engine_started = time.perf_counter()
         state = Choices(call.chat.sampling.n, self.parser.start_marker)
         version = self.version
@@ -260,7 +266,8 @@ class Gateway:
             self.rollouts.remember_turn(rollout, message_key(g.content, g.tool_calls), g.token_ids)
         self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
         self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
-        yield Finished(generations=generations, usage=usage, weight_version=version, body=body)
+        yield Finished(generations=generations, usage=usage, weight_version=version, body=body,
+                       call_id=attempt.call_id)
 
     async def answer(self, rollout_id: str, answer_id: str, issued_at: float | None = None) -> tuple[str, str] | None:
         """A kept answer of the rollout, (request, response) as recorded, whichever replica served it."""

@@ -146,6 +146,7 @@ class RewardReported:
     reward: float
     source: str
     details_json: str | None = None
+    call_id: str | None = None  # set: the reward of that call alone (a step reward)
     reported_at: datetime = field(default_factory=utcnow)
 
     def __post_init__(self) -> None:
@@ -174,11 +175,27 @@ class RolloutFinished:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallSpan:
+    """Where one call's response lies in a segment's tokens (end exclusive)."""
+
+    seq: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReward:
+    seq: int
+    reward: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Segment:
     token_ids: list[int]
     loss_mask: list[bool]
     logprobs: list[float]
     weight_versions: list[int]
+    spans: list[CallSpan] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -187,6 +204,7 @@ class Segment:
             self,
             "token_ids, loss_mask, logprobs and weight_versions must have the same length",
         )
+        _require(all(0 <= sp.start <= sp.end <= n for sp in self.spans), self, "spans must lie within token_ids")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,6 +214,7 @@ class RolloutSample:
     status: str
     segments: list[Segment]
     filled: bool = False
+    step_rewards: list[StepReward] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id")

@@ -70,10 +70,10 @@ def build(members: list[CompleteRollout], policy: Policy, partial: bool = False)
     for r in counted:
         if r.status == "succeeded" and r.reward is not None:
             kept.append(RolloutSample(rollout_id=r.rollout_id, reward=r.reward, status=r.status,
-                                      segments=r.segments))
+                                      segments=r.segments, step_rewards=r.step_rewards))
         elif policy.failed == "fill":
             kept.append(RolloutSample(rollout_id=r.rollout_id, reward=policy.fill_reward, status=r.status,
-                                      segments=r.segments, filled=True))
+                                      segments=r.segments, filled=True, step_rewards=r.step_rewards))
         else:
             dropped.append(DroppedRollout(rollout_id=r.rollout_id, status=r.status,
                                           reason=r.reason or ("no reward" if r.reward is None else r.status)))

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from schemas.events import (
+    CallSpan,
     Event,
     ModelCall,
     RewardReported,
@@ -22,6 +23,7 @@ from schemas.events import (
     RolloutSealed,
     RolloutStarted,
     Segment,
+    StepReward,
     run_of,
 )
 from stream_processors.assembly import Call, assemble
@@ -41,6 +43,7 @@ class CompleteRollout:
     retry_of: str | None
     finished_at: str  # ISO 8601: it becomes the TaskGroup's created_at, so replays agree
     segments: list[Segment]
+    step_rewards: list[StepReward] = field(default_factory=list)
 
     def dumps(self) -> bytes:
         return orjson.dumps(self)  # orjson walks dataclasses natively, far faster than asdict
@@ -48,7 +51,10 @@ class CompleteRollout:
     @classmethod
     def loads(cls, data: bytes) -> CompleteRollout:
         raw = orjson.loads(data)
-        raw["segments"] = [Segment(**s) for s in raw["segments"]]
+        # .get: a table written before spans and step rewards existed still loads
+        raw["segments"] = [Segment(**{**s, "spans": [CallSpan(**sp) for sp in s.get("spans", [])]})
+                           for s in raw["segments"]]
+        raw["step_rewards"] = [StepReward(**r) for r in raw.get("step_rewards", [])]
         return cls(**raw)
 
 
@@ -59,6 +65,7 @@ class RolloutJoin:
     started: dict[str, Any] | None = None
     finished: dict[str, Any] | None = None
     reward: float | None = None
+    steps: dict[str, float] = field(default_factory=dict)  # call id → its step reward (the first reported)
     sealed: list[str] | None = None
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)
     done: bool = False  # emitted: later duplicates change nothing
@@ -78,6 +85,8 @@ class RolloutJoin:
         elif isinstance(event, RolloutStarted):
             self.started = self.started or {"group_id": event.group_id, "task_id": event.task_id,
                                             "group_size": event.group_size, "retry_of": event.retry_of}
+        elif isinstance(event, RewardReported) and event.call_id is not None:
+            self.steps.setdefault(event.call_id, event.reward)
         elif isinstance(event, RewardReported):
             self.reward = event.reward if self.reward is None else self.reward
         elif isinstance(event, RolloutFinished):
@@ -97,11 +106,24 @@ class RolloutJoin:
         return CompleteRollout(
             self.rollout_id, self.run_id, self.started["group_id"], self.started["task_id"],
             self.started["group_size"], self.finished["status"], reward, self.finished["reason"],
-            self.started["retry_of"], self.finished["finished_at"], assemble(calls))
+            self.started["retry_of"], self.finished["finished_at"], assemble(calls), self._step_rewards(calls))
+
+    def _step_rewards(self, calls: list[Call]) -> list[StepReward]:
+        """Step rewards of the sealed calls, by seq; a call is named by its recorded id or the id of its call (the
+        recorded one without its choice suffix), which the gateway gives the harness. Others count for nothing."""
+        seqs: dict[str, int] = {}
+        for c in calls:
+            seqs.setdefault(c.call_id, c.seq)
+            seqs.setdefault(c.call_id.rsplit("-", 1)[0], c.seq)
+        by_seq: dict[int, float] = {}
+        for call_id, reward in self.steps.items():
+            if call_id in seqs:
+                by_seq.setdefault(seqs[call_id], reward)
+        return [StepReward(seq=seq, reward=r) for seq, r in sorted(by_seq.items())]
 
     def close(self) -> None:
         """Keep only the marker: the table stays small, and late duplicates are ignored."""
-        self.done, self.calls, self.sealed = True, {}, []
+        self.done, self.calls, self.sealed, self.steps = True, {}, [], {}
 
     def dumps(self) -> bytes:
         return orjson.dumps(self)  # orjson walks dataclasses natively, far faster than asdict

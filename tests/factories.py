@@ -18,7 +18,7 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
     """One realistic event of each type, all about one run."""
     timings = ev.Timings(received_at=T0, finished_at=T0, queued_ms=1.5, engine_ms=42.0)
     segment = ev.Segment(token_ids=[1, 2, 3], loss_mask=[False, True, True], logprobs=[0.0, -0.5, -0.25],
-                         weight_versions=[-1, 3, 3])
+                         weight_versions=[-1, 3, 3], spans=[ev.CallSpan(seq=0, start=1, end=3)])
     return [
         ev.RolloutStarted(rollout_id=rollout_id, run_id=run_id, group_id="g-1", task_id="t-1",
                           task_json='{"q": "2+2"}', group_size=4, started_at=T0),
@@ -35,7 +35,7 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
                            reward=1.0, finished_at=T0),
         ev.TaskGroup(group_id="g-1", run_id=run_id, task_id="t-1", group_size=2, created_at=T0,
                      rollouts=[ev.RolloutSample(rollout_id=rollout_id, reward=1.0, status="succeeded",
-                                                segments=[segment])],
+                                                segments=[segment], step_rewards=[ev.StepReward(seq=0, reward=0.5)])],
                      dropped=[ev.DroppedRollout(rollout_id="r-2", status="timeout", reason="harness timed out")]),
         ev.UpdateRequested(run_id=run_id, version=4, n_task_groups=8, requested_at=T0),
         ev.GatewayDrained(run_id=run_id, version=4, gateway_id="gw-0", held_calls=2, drained_at=T0),

@@ -180,6 +180,37 @@ def test_rewards_are_recorded_for_the_token_holder_only(scripted_gateway: Runnin
     assert reward.reward == 0.75 and json.loads(reward.details_json or "{}") == {"tests": 3}
 
 
+def test_a_call_is_named_to_the_harness_and_rewarded_on_its_own(scripted_gateway: RunningGateway,
+                                                                 bus: BusSettings) -> None:
+    gw = scripted_gateway
+    rollout_id, token = new_rollout(gw)
+    auth = {"authorization": f"Bearer {token}"}
+    answer = httpx.post(f"{gw.url}/v1/chat/completions", headers=auth, json={
+        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x?"}]})
+    streamed = httpx.post(f"{gw.url}/v1/chat/completions", headers=auth, json={
+        "model": "m", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "x?"}]})
+    first, second = answer.headers["x-tether-call-id"], streamed.headers["x-tether-call-id"]
+    url = f"{gw.url}/rollouts/{rollout_id}/reward"
+    unknown = httpx.post(url, headers=auth, json={"reward": 1.0, "call_id": "call-not-mine"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "call_id"
+    assert httpx.post(url, headers=auth, json={"call_id": first}).status_code == 400  # no reward
+    assert httpx.post(url, headers=auth, json={"reward": 0.5, "call_id": first}).status_code == 200
+    assert httpx.post(url, headers=auth, json={"steps": [{"call_id": second, "reward": -1.0}]}).status_code == 200
+
+    async def find() -> list[RewardReported]:
+        found: list[RewardReported] = []
+        async with EventProducer(bus) as p, EventConsumer(bus, [topics.ROLLOUTS], p) as consumer:
+            async with asyncio.timeout(30):
+                async for received in consumer:
+                    if isinstance(received.event, RewardReported) and received.event.rollout_id == rollout_id:
+                        found.append(received.event)
+                        if len(found) == 2:
+                            return found
+        raise AssertionError("unreachable")
+
+    assert [(r.call_id, r.reward) for r in asyncio.run(find())] == [(first, 0.5), (second, -1.0)]
+
+
 def test_metrics_are_exposed(scripted_gateway: RunningGateway) -> None:
     text = httpx.get(f"{scripted_gateway.url}/metrics").text
     for name in ("tether_gateway_requests_total", "tether_gateway_call_seconds_bucket",

@@ -44,6 +44,44 @@ def rollout_advantages(rewards: list[list[float]], normalise_by_std: bool = True
     return out
 
 
+Credit = Literal["outcome", "per-call"]
+
+
+def call_returns(seqs: list[int], step_rewards: dict[int, float], outcome: float, discount: float) -> dict[int, float]:
+    """G_t for each call t of a rollout: its step reward plus the later ones discounted, the episode's outcome
+    counting as the last call's. With no step rewards and discount 1 every call's return is the outcome."""
+    ordered = sorted(set(seqs) | set(step_rewards))
+    returns: dict[int, float] = {}
+    g = 0.0
+    for i, seq in enumerate(reversed(ordered)):
+        g = step_rewards.get(seq, 0.0) + (outcome if i == 0 else 0.0) + discount * g
+        returns[seq] = g
+    return returns
+
+
+def call_advantages(returns: list[list[dict[int, float]]], outcomes: list[list[float]], normalise_by_std: bool = True,
+                    epsilon: float = 1e-6) -> list[list[tuple[dict[int, float], float]] | None]:
+    """Per group, per rollout: each call's advantage, and the rollout's own (for tokens no call claims).
+
+    The group baseline is taken over the rollouts' whole-episode returns (the first call's, or the outcome for a
+    rollout without calls), mean and standard deviation as GRPO takes them, so that with no step rewards and
+    discount 1 every call's advantage is the rollout's GRPO advantage. Where the episodes all returned the same
+    but single calls did not, only the mean is taken off. None for a group with no signal at all."""
+    out: list[list[tuple[dict[int, float], float]] | None] = []
+    for group_returns, group_outcomes in zip(returns, outcomes, strict=True):
+        episodes = [r[min(r)] if r else o for r, o in zip(group_returns, group_outcomes, strict=True)]
+        every = episodes + [g for r in group_returns for g in r.values()]
+        if len(episodes) < 2 or max(every) - min(every) <= 1e-12:
+            out.append(None)
+            continue
+        scores = torch.tensor(episodes, dtype=torch.float64)
+        mean, std = float(scores.mean()), float(scores.std())
+        scale = std + epsilon if normalise_by_std and std > 1e-12 else 1.0
+        out.append([({seq: (g - mean) / scale for seq, g in r.items()}, (e - mean) / scale)
+                    for r, e in zip(group_returns, episodes, strict=True)])
+    return out
+
+
 def per_task_weights(tokens: list[list[int]]) -> list[list[float]]:
     """w_r = 1 / (|G| · |g| · T_r), so Σ_t w_r loss_t = (1/|G|) Σ_g (1/|g|) Σ_r (1/T_r) Σ_t loss_t.
 

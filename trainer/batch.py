@@ -2,7 +2,8 @@
 
 Position i of a segment predicts token i+1, so the trainable targets are the
 tokens whose loss mask is set, each with its behaviour logprob, the weight
-version that sampled it, its rollout's advantage and normalisation weight.
+version that sampled it, its advantage (its rollout's, or with credit per call
+that of the call whose response it is) and its rollout's normalisation weight.
 Segments are packed first-fit-decreasing into rows (see `build_batch`);
 within a row, `segment_ids` keep attention inside each segment
 (a block-diagonal causal mask) and positions restart per segment.
@@ -15,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from verl import DataProto
 
-from schemas.events import TaskGroup
-from trainer.algorithms import LossMode, per_task_weights, rollout_advantages
+from schemas.events import RolloutSample, Segment, TaskGroup
+from trainer.algorithms import Credit, LossMode, call_advantages, call_returns, per_task_weights, rollout_advantages
 
 FIELDS = ("input_ids", "position_ids", "segment_ids", "targets", "loss_mask", "behaviour_log_probs", "versions",
           "advantages", "token_weights")
@@ -30,7 +31,8 @@ class Selection:
     stale: int = 0  # groups older than max_staleness
 
 
-def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_variance: str = "drop") -> Selection:
+def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_variance: str = "drop",
+           credit: Credit = "outcome", discount: float = 1.0) -> Selection:
     """Drop groups with tokens sampled more than `max_staleness` versions ago, and (by policy) no-signal groups."""
     out = Selection()
     for group in groups:
@@ -39,13 +41,20 @@ def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_varia
         if versions and version - min(versions) > max_staleness:
             out.stale += 1
             continue
-        rewards = [r.reward for r in group.rollouts]
-        if len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-12:
+        if not _has_signal(group, credit, discount):
             out.no_signal += 1
             if zero_variance == "drop":
                 continue
         out.groups.append(group)
     return out
+
+
+def _has_signal(group: TaskGroup, credit: Credit, discount: float) -> bool:
+    """Rewards that differ within the group (credit per call: returns of calls or episodes that differ)."""
+    if credit == "per-call":
+        return call_advantages(*_returns_of([group], discount))[0] is not None
+    rewards = [r.reward for r in group.rollouts]
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,34 +64,62 @@ class _Piece:
     mask: list[float]
     behaviour: list[float]
     versions: list[int]
-    advantage: float
+    advantages: list[float]  # per target: the rollout's, or (credit per call) that of the call it came from
     weight: float
 
 
-def _pieces(groups: list[TaskGroup], normalise_by_std: bool, mode: LossMode) -> list[_Piece]:
-    advantages = rollout_advantages([[r.reward for r in g.rollouts] for g in groups], normalise_by_std)
+def _returns_of(groups: list[TaskGroup], discount: float) -> tuple[list[list[dict[int, float]]], list[list[float]]]:
+    def returns(r: RolloutSample) -> dict[int, float]:
+        seqs = [span.seq for s in r.segments for span in s.spans]
+        return call_returns(seqs, {s.seq: s.reward for s in r.step_rewards}, r.reward, discount)
+    return [[returns(r) for r in g.rollouts] for g in groups], [[r.reward for r in g.rollouts] for g in groups]
+
+
+def _advantages(groups: list[TaskGroup], normalise_by_std: bool, credit: Credit, discount: float
+                ) -> list[list[tuple[dict[int, float], float]]]:
+    """Per group and rollout: each call's advantage (credit per call) and the rollout's; zero where no signal."""
+    if credit == "outcome":
+        outcome = rollout_advantages([[r.reward for r in g.rollouts] for g in groups], normalise_by_std)
+        return [[({}, a) for a in (found or [0.0] * len(g.rollouts))] for g, found in zip(groups, outcome,
+                                                                                           strict=True)]
+    per_call = call_advantages(*_returns_of(groups, discount), normalise_by_std=normalise_by_std)
+    return [found or [({}, 0.0)] * len(g.rollouts) for g, found in zip(groups, per_call, strict=True)]
+
+
+def _token_advantages(s: Segment, calls: dict[int, float], rollout: float) -> list[float]:
+    out = [rollout] * len(s.token_ids)
+    for span in s.spans:
+        if span.seq in calls:
+            out[span.start:span.end] = [calls[span.seq]] * (span.end - span.start)
+    return out
+
+
+def _pieces(groups: list[TaskGroup], normalise_by_std: bool, mode: LossMode, credit: Credit = "outcome",
+            discount: float = 1.0) -> list[_Piece]:
+    advantages = _advantages(groups, normalise_by_std, credit, discount)
     tokens = [[sum(sum(s.loss_mask[1:]) for s in r.segments) for r in g.rollouts] for g in groups]
     weights = per_task_weights(tokens) if mode == "per-task" else [[1.0] * len(t) for t in tokens]
     pieces = []
     for g, group in enumerate(groups):
-        group_advantages = advantages[g] or [0.0] * len(group.rollouts)  # no signal, kept: zero advantage
         for r, rollout in enumerate(group.rollouts):
+            calls, own = advantages[g][r]
             for s in rollout.segments:
                 if len(s.token_ids) < 2:
                     continue
                 pieces.append(_Piece(tokens=s.token_ids[:-1], targets=s.token_ids[1:],
                                      mask=[float(m) for m in s.loss_mask[1:]], behaviour=s.logprobs[1:],
-                                     versions=s.weight_versions[1:], advantage=group_advantages[r],
-                                     weight=weights[g][r]))
+                                     versions=s.weight_versions[1:],
+                                     advantages=_token_advantages(s, calls, own)[1:], weight=weights[g][r]))
     return pieces
 
 
 def build_batch(groups: list[TaskGroup], row_tokens: int | None = None, pack: bool = True,
-                normalise_by_std: bool = True, mode: LossMode = "per-task") -> DataProto:
+                normalise_by_std: bool = True, mode: LossMode = "per-task", credit: Credit = "outcome",
+                discount: float = 1.0) -> DataProto:
     """Rows hold at most max(row_tokens, the longest segment) tokens: packing never makes the attention of a
     row costlier than the longest segment's own. `pack=False` (and seq-mean-token-mean, where a row must be
     one sequence): one segment per row. Rows come longest first, so micro-batches of neighbours pad little."""
-    pieces = sorted(_pieces(groups, normalise_by_std, mode), key=lambda p: -len(p.tokens))
+    pieces = sorted(_pieces(groups, normalise_by_std, mode, credit, discount), key=lambda p: -len(p.tokens))
     capacity = max(row_tokens or 0, len(pieces[0].tokens) if pieces else 0)
     rows: list[list[_Piece]] = []
     room: list[int] = []
@@ -111,7 +148,7 @@ def build_batch(groups: list[TaskGroup], row_tokens: int | None = None, pack: bo
             data["loss_mask"][i, span] = torch.tensor(p.mask)
             data["behaviour_log_probs"][i, span] = torch.tensor(p.behaviour)
             data["versions"][i, span] = torch.tensor(p.versions)
-            data["advantages"][i, span] = p.advantage
+            data["advantages"][i, span] = torch.tensor(p.advantages)
             data["token_weights"][i, span] = p.weight
             at += len(p.tokens)
     batch: DataProto = DataProto.from_dict(tensors=data, meta_info={"task_groups": len(groups),

@@ -23,6 +23,10 @@ class TrainerConfig(BaseModel):
     max_staleness: int = Field(2, ge=0, description="Drop task groups sampled more versions ago than this.")
     zero_variance: Literal["drop", "keep"] = "drop"
     normalise_by_std: bool = True
+    credit: Literal["outcome", "per-call"] = Field(
+        "outcome", description="outcome: the episode's reward, broadcast to every call; per-call: each call's "
+                               "return (its step reward and the later ones, discounted), against the group baseline.")
+    discount: float = Field(1.0, gt=0, le=1, description="With credit per-call: the factor on each later reward.")
     loss_mode: Literal["per-task", "token-mean", "seq-mean-token-mean"] = "per-task"
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)

@@ -71,7 +71,7 @@ class TorchLearner:
         if not groups:
             return UpdateMetrics()
         batch = build_batch(groups, self.config.row_tokens, normalise_by_std=self.config.normalise_by_std,
-                            mode=self.config.loss_mode)
+                            mode=self.config.loss_mode, credit=self.config.credit, discount=self.config.discount)
         return step.update(self.model, self.optimizer, batch, self.step, version, self.reference)
 
     def stage(self, root: Path, state: TrainerState) -> Path:

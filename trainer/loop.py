@@ -234,7 +234,8 @@ class Trainer:
         """One update: request it, wait for the gateways to drain, train, commit, publish."""
         state = run.state
         version = state.version + 1
-        chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance)
+        chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance,
+                        self.config.credit, self.config.discount)
         await run.producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
                                                    n_task_groups=len(chosen.groups)))
         await self._wait_drained(run.producer, version)

@@ -7,7 +7,7 @@ expects for multi-turn rollouts: the segment's
 opening prompt (left-padded) and everything after it as the "response",
 with `response_mask` off on the gaps (tool output, user turns) and on the
 model's own tokens; `old_log_probs` are the behaviour logprobs the gateway
-recorded, `advantages` the task-level ones, one per rollout, broadcast.
+recorded, `advantages` the task-level ones, one per rollout broadcast (or per call, with credit per call).
 The config sends verl to FSDP workers (`actor_rollout_ref.actor`), vLLM
 rollout replicas that sleep during the update and wake with the new weights
 (`free_cache_engine`, `enable_sleep_mode`), and our per-task normalisation as
@@ -38,7 +38,8 @@ from trainer.metrics import UpdateMetrics
 
 def to_verl(groups: list[TaskGroup], config: TrainerConfig, pad_id: int = 0) -> DataProto:
     """One verl sample per segment: (prompt, response) with masks, behaviour logprobs and advantages."""
-    return _layout(_pieces(groups, config.normalise_by_std, config.loss_mode), config.temperature, pad_id)
+    return _layout(_pieces(groups, config.normalise_by_std, config.loss_mode, config.credit, config.discount),
+                   config.temperature, pad_id)
 
 
 def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataProto:
@@ -60,7 +61,7 @@ def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataPr
         t["responses"][i, span] = torch.tensor(response)
         t["response_mask"][i, span] = torch.tensor(p.mask[first:])
         t["old_log_probs"][i, span] = torch.tensor(p.behaviour[first:])
-        t["advantages"][i, span] = p.advantage
+        t["advantages"][i, span] = torch.tensor(p.advantages[first:])
         t["rollout_is_weights"][i, span] = p.weight
         t["attention_mask"][i, prompt_len - len(prompt):prompt_len + len(response)] = 1
     t["input_ids"] = torch.cat([t["prompts"], t["responses"]], dim=1)

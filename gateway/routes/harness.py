@@ -48,7 +48,7 @@ async def _serve(gateway: Gateway, rollout: Claims, api: str, raw: str, parsed: 
                 respond=answer.body, issued_at=rollout.issued_at, keep_as=keep_as)
     if not parsed.stream:
         finished = await gateway.complete(call)
-        return Response(finished.body, media_type="application/json")
+        return Response(finished.body, media_type="application/json", headers={CALL_ID: finished.call_id})
     items = gateway.stream(call)
     first = await anext(items)  # binding, holding and rendering errors are still plain HTTP errors here
     assert isinstance(first, Started)
@@ -58,8 +58,11 @@ async def _serve(gateway: Gateway, rollout: Claims, api: str, raw: str, parsed: 
         async for item in items:
             yield item
 
-    return StreamingResponse(answer.sse(replay()), media_type="text/event-stream")
+    return StreamingResponse(answer.sse(replay()), media_type="text/event-stream", headers={CALL_ID: first.call_id})
 
+
+#: The header that names the call, for a step reward (`POST /rollouts/{id}/reward` with `call_id`).
+CALL_ID = "x-tether-call-id"
 
 openai = APIRouter(route_class=OpenAIRoute)
 anthropic = APIRouter(route_class=AnthropicRoute)

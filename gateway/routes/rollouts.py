@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gateway.errors import Forbidden
 from gateway.routes.common import OpenAIRoute, Service, Settings, api_key, parse_body, require_admin
@@ -20,9 +20,24 @@ class Register(BaseModel):
     run_id: str | None = None
 
 
-class Reward(BaseModel):
+class StepReward(BaseModel):
+    call_id: str = Field(min_length=1)
     reward: float
+
+
+class Reward(BaseModel):
+    """The rollout's reward; with `call_id`, that call's alone (a step reward); `steps`: several at once."""
+
+    reward: float | None = None
+    call_id: str | None = Field(None, min_length=1)
     details: dict[str, Any] | None = None
+    steps: list[StepReward] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _something(self) -> Reward:
+        if self.reward is None and (self.call_id is not None or not self.steps):
+            raise ValueError("reward is required (or steps: a list of {call_id, reward})")
+        return self
 
 
 async def _rollout_token(request: Request, rollout_id: str, settings: Settings) -> Claims:
@@ -51,5 +66,9 @@ async def seal(rollout_id: str, gateway: Service) -> Response:
 async def reward(request: Request, rollout_id: str, gateway: Service, settings: Settings,
                  token: Annotated[Claims, Depends(_rollout_token)]) -> Response:
     parsed, _ = await parse_body(request, Reward, settings)
-    await gateway.report_reward(rollout_id, parsed.reward, parsed.details, token.issued_at)
-    return JSONResponse({"rollout_id": rollout_id, "reward": parsed.reward})
+    for step in parsed.steps:
+        await gateway.report_reward(rollout_id, step.reward, None, token.issued_at, step.call_id)
+    if parsed.reward is not None:
+        await gateway.report_reward(rollout_id, parsed.reward, parsed.details, token.issued_at, parsed.call_id)
+    return JSONResponse({"rollout_id": rollout_id, "reward": parsed.reward, "call_id": parsed.call_id,
+                         "steps": len(parsed.steps)})
