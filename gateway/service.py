@@ -254,7 +254,7 @@ class Gateway:
         for delta in state.rest(generations):  # text held back for a tool call that did not parse
             yield delta
         usage = TokenUsage(prompt_tokens=len(prompt), completion_tokens=sum(len(g.token_ids) for g in generations))
-        body = orjson.dumps(call.respond(generations, usage, version).model_dump())
+        body = _dumps(call.respond(generations, usage, version).model_dump())
         outcome = _Outcome(weight_version=version, response_json=body.decode(), engine_ms=engine_ms)
         records = [self._event(attempt, outcome, g, f"{attempt.call_id}-{g.index}") for g in generations]
         attempt.pending = [r.call_id for r in records]
@@ -337,3 +337,12 @@ class Gateway:
             error=error.message if error is not None else None,
             turn_key=message_key(g.content, g.tool_calls) if error is None else None,
         )
+
+
+def _dumps(value: Any) -> bytes:
+    """orjson, or the stdlib for what only it writes: integers past 64 bits, which an answer can echo from the
+    request (the Responses API returns its tools and metadata as sent)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value).encode()

@@ -232,6 +232,9 @@ FOUND: dict[str, list[dict[str, Any]]] = {
     "/v1/messages": [
         {"model": "m", "max_tokens": 1, "messages": [_USER], "tool_choice": {"type": []}},  # TypeError (500)
     ],
+    "/v1/responses": [
+        {"model": "m", "input": "x", "metadata": {"n": 2**70}},  # echoed back: orjson's 64-bit limit (500)
+    ],
 }
 
 

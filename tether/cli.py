@@ -133,12 +133,15 @@ async def _tail(settings: BusSettings, topic: Topic, limit: int, idle_s: float) 
 def model_init_tiny(
     out: Annotated[Path, typer.Option(help="Directory to write the model to (Hugging Face format).")],
     seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
+    context: Annotated[int, typer.Option(min=256, max=1_048_576, help=(
+        "Context length in tokens (prompt and answer). Claude Code's and Codex's prompts are 20-30 thousand of "
+        "this tokenizer's tokens: give them 32768."))] = 4096,
 ) -> None:
     """A tiny random Qwen2 model and a byte-level BPE tokenizer trained on a generated corpus."""
     from trainer.tiny_model import init_tiny
 
-    with console.status(f"Building the tiny model (seed {seed})..."):
-        init_tiny(out, seed)
+    with console.status(f"Building the tiny model (seed {seed}, context {context})..."):
+        init_tiny(out, seed, context=context)
     typer.echo(f"Tiny model written to {out}", err=True)
 
 

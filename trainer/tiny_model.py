@@ -89,10 +89,10 @@ def build_tokenizer(seed: int, vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def build_model(seed: int, vocab_size: int, eos_ids: list[int], pad_id: int, hidden: int = 128,
-                layers: int = 4) -> Qwen2ForCausalLM:
+                layers: int = 4, context: int = 4096) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=eos_ids[0], pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
@@ -101,11 +101,14 @@ def build_model(seed: int, vocab_size: int, eos_ids: list[int], pad_id: int, hid
     return model
 
 
-def init_tiny(out: Path, seed: int = 0, vocab_size: int = 2048, hidden: int = 128, layers: int = 4) -> Path:
-    """Write the tokenizer and a randomly initialised model to `out`; the same seed gives the same bytes."""
+def init_tiny(out: Path, seed: int = 0, vocab_size: int = 2048, hidden: int = 128, layers: int = 4,
+              context: int = 4096) -> Path:
+    """Write the tokenizer and a randomly initialised model to `out`; the same seed gives the same bytes.
+    `context`: the longest prompt and answer it takes (rotary positions need no weights, so only the config
+    changes); real harnesses such as Claude Code send prompts of 20-30 thousand of its tokens."""
     tokenizer = build_tokenizer(seed, vocab_size)
     im_end, endoftext = (int(tokenizer.convert_tokens_to_ids(t)) for t in (IM_END, ENDOFTEXT))  # type: ignore[arg-type]
-    model = build_model(seed, len(tokenizer), [im_end, endoftext], endoftext, hidden, layers)
+    model = build_model(seed, len(tokenizer), [im_end, endoftext], endoftext, hidden, layers, context)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)

@@ -1,0 +1,224 @@
+"""Claude Code and Codex through the gateway: calls per rollout, prompt tokens per call, and what the gateway adds.
+
+    .venv/bin/python bench/harness_clis.py [--rollouts 4] [--engine fake|tiny] [--context 32768]
+
+Needs the CLIs (`make harnesses`). Each CLI runs --rollouts times, one after
+another, on "create hello.txt containing hi", unmodified, pointed at a gateway
+that records to Kafka. The engine is FakeVLLM scripted as a model would act
+(the CLI's shell tool, then a final message), or with `--engine tiny` the
+embedded engine on the tiny random model built with --context (it writes
+nonsense: the point is that such prompts go through and are recorded).
+
+From the recorded calls it prints, per CLI: calls per rollout, prompt tokens
+per call, how many calls extended the previous prompt token for token, the
+engine's time per call, and the gateway's own time per call: from receiving
+the request to its event being built (rendering the ~25k-token prompt, the
+engine hop excluded, the Kafka acknowledgement not yet), and its mean time
+per call end to end minus the engine's (from its /metrics). And the wall time
+of a rollout (the CLI's start-up included). Writes bench/results/harness_clis.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from infra.processes import free_port, stop, wait_healthy
+from schemas.admin import ensure_topics
+from schemas.events import ModelCall
+from schemas.rollout_token import mint
+from schemas.settings import BusSettings
+from stream_processors.replay import read_run_events
+
+from _shared import arguments, scratch_broker
+
+console = Console(width=max(140, shutil.get_terminal_size().columns))
+SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
+NPM_BIN = Path(__file__).parent.parent / "examples" / "npm" / "node_modules" / ".bin"
+TASK = "Create a file hello.txt containing the word hi."
+CODEX_CONFIG = (Path(__file__).parent.parent / "examples" / "codex" / "config.toml").read_text()
+
+
+def tool_call(name: str, arguments: dict[str, str]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+@dataclass(frozen=True)
+class Cli:
+    name: str
+    replies: tuple[str, ...]
+
+    def argv(self) -> list[str]:
+        if self.name == "claude-code":
+            return [str(NPM_BIN / "claude"), "-p", TASK, "--output-format", "json", "--allowedTools",
+                    "Bash,Write,Edit,Read", "--disallowedTools", "WebFetch,WebSearch"]
+        return [str(NPM_BIN / "codex"), "exec", "--skip-git-repo-check", TASK]
+
+    def env(self, gateway: str, token: str, workdir: Path) -> dict[str, str]:
+        if self.name == "claude-code":
+            (workdir / "home").mkdir()
+            return {"ANTHROPIC_BASE_URL": gateway, "ANTHROPIC_API_KEY": token, "HOME": str(workdir / "home"),
+                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+                    "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
+        home = workdir / ".codex"
+        home.mkdir()
+        (home / "config.toml").write_text(CODEX_CONFIG.replace("@BASE_URL@", f"{gateway}/v1"))
+        return {"OPENAI_API_KEY": token, "CODEX_HOME": str(home)}
+
+
+CLIS = (Cli("claude-code", (tool_call("Bash", {"command": "printf hi > hello.txt", "description": "Write it"}),
+                            "Done.")),
+        Cli("codex", (tool_call("exec_command", {"cmd": "printf hi > hello.txt"}), "Done.")))
+
+
+def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path
+                 ) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    if kind == "fake":
+        args = [sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(model), "--port", str(port)]
+        for reply in replies:
+            args += ["--reply", reply]
+    else:
+        args = [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)]
+    process = subprocess.Popen(args, stdout=(scratch / f"engine-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process, "the engine")
+    return url, process
+
+
+def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scratch: Path
+                  ) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine, "--tokenizer", str(model),
+         "--port", str(port), "--run-id", run_id],
+        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
+             "TETHER_GATEWAY_ADMIN_KEY": ADMIN},
+        stdout=(scratch / f"gateway-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process, "the gateway")
+    return url, process
+
+
+def server_seconds(gateway: str) -> tuple[float, float]:
+    """Sum and count of the gateway's own call-time histogram, over every API."""
+    total = count = 0.0
+    for line in httpx.get(f"{gateway}/metrics").text.splitlines():
+        if line.startswith("tether_gateway_call_seconds_sum"):
+            total += float(line.split()[-1])
+        elif line.startswith("tether_gateway_call_seconds_count"):
+            count += float(line.split()[-1])
+    return total, count
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def main() -> None:
+    parser = arguments(__doc__, "harness_clis.png")
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per CLI (at least 1)")
+    parser.add_argument("--engine", choices=("fake", "tiny"), default="fake")
+    parser.add_argument("--context", type=int, default=32768, help="the tiny model's context")
+    args = parser.parse_args()
+    if args.rollouts < 1:
+        parser.error("--rollouts must be at least 1")
+    if not (NPM_BIN / "claude").exists() or not (NPM_BIN / "codex").exists():
+        raise SystemExit(f"the CLIs are not in {NPM_BIN}: run `make harnesses`")
+
+    scratch, broker = scratch_broker("tether-clis-bench-")
+    summary: dict[str, dict[str, float]] = {}
+    try:
+        with console.status("starting Kafka and building the tiny model..."):
+            from trainer.tiny_model import init_tiny
+
+            model = init_tiny(scratch / "tiny", context=args.context)
+            broker.start()
+            bus = BusSettings(bootstrap_servers=broker.bootstrap)
+            asyncio.run(ensure_topics(bus))
+        for cli in CLIS:
+            run_id = f"bench-{cli.name}"
+            engine, engine_process = start_engine(args.engine, model, cli.replies, scratch)
+            gateway, gateway_process = start_gateway(engine, model, bus, run_id, scratch)
+            walls: list[float] = []
+            try:
+                before = server_seconds(gateway)
+                for i in range(args.rollouts):
+                    rollout_id = f"{run_id}-{i}"
+                    httpx.post(f"{gateway}/admin/rollouts", json={"rollout_id": rollout_id},
+                               headers={"authorization": f"Bearer {ADMIN}"}).raise_for_status()
+                    workdir = scratch / rollout_id
+                    workdir.mkdir()
+                    env = {**os.environ, **cli.env(gateway, mint(rollout_id, SECRET), workdir)}
+                    started = time.perf_counter()
+                    done = subprocess.run(cli.argv(), cwd=workdir, env=env, capture_output=True, timeout=900)
+                    walls.append(time.perf_counter() - started)
+                    ok = (workdir / "hello.txt").exists()
+                    console.print(f"{cli.name} rollout {i}: exit {done.returncode}, {walls[-1]:.1f} s"
+                                  + (", wrote hello.txt" if ok else ""))
+                after = server_seconds(gateway)
+            finally:
+                stop(gateway_process)
+                stop(engine_process)
+            calls = [e for e in asyncio.run(read_run_events(bus, run_id)) if isinstance(e, ModelCall)]
+            summary[cli.name] = measure(calls, args.rollouts, walls, after, before)
+    finally:
+        broker.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    table = Table(title=f"Claude Code and Codex through the gateway ({args.engine} engine; Kafka acks=all)")
+    for column in ("", *next(iter(summary.values()))):
+        table.add_column(column, justify="right")
+    for name, row in summary.items():
+        table.add_row(name, *[f"{v:,.1f}" for v in row.values()])
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"engine": args.engine, "clis": summary}, indent=1))
+    console.print(f"figures: {args.out.with_suffix('.json')}")
+
+
+def measure(calls: list[ModelCall], rollouts: int, walls: list[float], after: tuple[float, float],
+            before: tuple[float, float]) -> dict[str, float]:
+    ok = [c for c in calls if c.status == "ok"]
+    by_rollout: dict[str, list[ModelCall]] = {}
+    for c in sorted(ok, key=lambda c: c.seq):
+        by_rollout.setdefault(c.rollout_id, []).append(c)
+    extended = pairs = 0
+    for chain in by_rollout.values():
+        for a, b in itertools.pairwise(chain):
+            pairs += 1
+            head = a.prompt_token_ids + a.response_token_ids
+            extended += b.prompt_token_ids[:len(head)] == head
+    prompts = [float(len(c.prompt_token_ids)) for c in ok]
+    engine_ms = [c.timings.engine_ms for c in ok]
+    own_ms = [(c.timings.finished_at - c.timings.received_at).total_seconds() * 1000 - c.timings.engine_ms
+              - c.timings.queued_ms for c in ok]
+    seconds, count = after[0] - before[0], after[1] - before[1]
+    return {
+        "calls/rollout": len(calls) / rollouts, "errors": float(len(calls) - len(ok)),
+        "prompt tokens p50": statistics.median(prompts) if prompts else 0.0, "prompt tokens max": max(prompts or [0]),
+        "extended %": 100.0 * extended / pairs if pairs else float("nan"),
+        "engine ms p50": statistics.median(engine_ms) if engine_ms else 0.0,
+        "gateway ms before record p50": statistics.median(own_ms) if own_ms else 0.0,
+        "gateway ms before record p99": pct(own_ms, 0.99),
+        "gateway ms/call minus engine": (seconds / count * 1000 - statistics.fmean(engine_ms)) if count else 0.0,
+        "rollout wall s p50": statistics.median(walls),
+    }
+
+
+if __name__ == "__main__":
+    main()
