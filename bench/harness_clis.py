@@ -42,6 +42,7 @@ from schemas.events import ModelCall
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 from stream_processors.replay import read_run_events
+from tests.fakes.vllm import tool_call
 
 from _shared import arguments, scratch_broker
 
@@ -50,10 +51,6 @@ SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
 NPM_BIN = Path(__file__).parent.parent / "examples" / "npm" / "node_modules" / ".bin"
 TASK = "Create a file hello.txt containing the word hi."
 CODEX_CONFIG = (Path(__file__).parent.parent / "examples" / "codex" / "config.toml").read_text()
-
-
-def tool_call(name: str, arguments: dict[str, str]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 @dataclass(frozen=True)

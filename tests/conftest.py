@@ -209,6 +209,22 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
         kafka.stop(force=True)
 
 
+@contextmanager
+def scripted(bus: BusSettings, tiny_model: Path, folder: Path, replies: list[str] | tuple[str, ...],
+             run_id: str | None = None) -> Iterator[RunningGateway]:
+    """FakeVLLM with these replies and a gateway in front of it, for the length of a `with` block."""
+    port = free_port()
+    args = ["tests.fakes.vllm", "--tokenizer", str(tiny_model), "--port", str(port)]
+    for reply in replies:
+        args += ["--reply", reply]
+    url, process = spawn(args, folder / "fake.log", "FakeVLLM", port)
+    try:
+        with gateway(bus, RunningEngine(url, "fake-vllm", process), tiny_model, folder / "gateway.log", run_id) as gw:
+            yield gw
+    finally:
+        stop(process)
+
+
 @pytest.fixture(scope="session")
 def scripted_gateway(bus: BusSettings, fake_vllm: RunningEngine, tiny_model: Path,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:

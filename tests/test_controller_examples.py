@@ -15,9 +15,8 @@ import yaml
 from controller.config import load_config
 from controller.main import run
 from controller.settings import ControllerSettings
-from infra.processes import free_port, stop
 from schemas.settings import BusSettings
-from tests.conftest import ADMIN_KEY, SECRET, RunningEngine, RunningGateway, gateway, spawn
+from tests.conftest import ADMIN_KEY, SECRET, RunningGateway, scripted
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 # What a model driving mini-swe-agent would say: one command, then the end-of-task command.
@@ -48,17 +47,8 @@ async def test_the_openai_agent_example(bus: BusSettings, scripted_gateway: Runn
 @pytest.fixture(scope="module")
 def mini_gateway(bus: BusSettings, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[RunningGateway]:
-    folder = tmp_path_factory.mktemp("mini")
-    port = free_port()
-    args = ["tests.fakes.vllm", "--tokenizer", str(tiny_model), "--port", str(port)]
-    for reply in MINI_REPLIES:
-        args += ["--reply", reply]
-    url, process = spawn(args, folder / "fake.log", "FakeVLLM", port)
-    try:
-        with gateway(bus, RunningEngine(url, "fake-vllm", process), tiny_model, folder / "gateway.log") as gw:
-            yield gw
-    finally:
-        stop(process)
+    with scripted(bus, tiny_model, tmp_path_factory.mktemp("mini"), MINI_REPLIES) as gw:
+        yield gw
 
 
 async def test_mini_swe_agent_example(bus: BusSettings, mini_gateway: RunningGateway, tmp_path: Path,

@@ -20,7 +20,6 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +27,14 @@ import pytest
 
 from controller.config import load_config
 from controller.main import run
-from infra.processes import free_port, stop
 from schemas.events import ModelCall, TaskGroup
 from schemas.samples import unique_groups
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import content_hash
 from stream_processors.replay import replay
-from tests.conftest import RunningEngine, RunningGateway, gateway, spawn
+from tests.conftest import scripted
+from tests.fakes.vllm import tool_call
 from tests.test_controller_examples import controller_settings
 from tests.test_gateway_agents import assert_extends
 from tests.test_gateway_openai import recorded
@@ -43,10 +42,6 @@ from tests.test_processors import processor
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 NPM_BIN = EXAMPLES / "npm" / "node_modules" / ".bin"
-
-
-def tool_call(name: str, arguments: dict[str, str]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -72,21 +67,6 @@ def cli_run(bus: BusSettings, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield run_id
 
 
-@contextmanager
-def scripted(bus: BusSettings, tiny_model: Path, folder: Path, run_id: str, replies: tuple[str, ...]
-             ) -> Iterator[RunningGateway]:
-    port = free_port()
-    args = ["tests.fakes.vllm", "--tokenizer", str(tiny_model), "--port", str(port)]
-    for reply in replies:
-        args += ["--reply", reply]
-    url, process = spawn(args, folder / "fake.log", "FakeVLLM", port)
-    try:
-        with gateway(bus, RunningEngine(url, "fake-vllm", process), tiny_model, folder / "gateway.log", run_id) as gw:
-            yield gw
-    finally:
-        stop(process)
-
-
 @pytest.mark.parametrize("cli", [CLAUDE_CODE, CODEX], ids=lambda c: c.example)
 async def test_the_cli_runs_a_tool_and_its_episode_is_recorded_grouped_and_replayed(
         cli: Cli, cli_run: str, bus: BusSettings, tiny_model: Path, tmp_path: Path,
@@ -98,7 +78,7 @@ async def test_the_cli_runs_a_tool_and_its_episode_is_recorded_grouped_and_repla
     task["id"] = f"{cli.example}-{task['id']}"  # one run for both CLIs: a task of each
     (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
     config = load_config(tmp_path / "run.yaml").model_copy(update={"run_id": cli_run})
-    with scripted(bus, tiny_model, tmp_path, cli_run, cli.replies) as gw:
+    with scripted(bus, tiny_model, tmp_path, cli.replies, cli_run) as gw:
         view = await run(config, controller_settings(bus, gw))
 
     mine = {rid: state for rid, state in view.rollouts.items() if state.started.task_id == task["id"]}

@@ -28,6 +28,11 @@ from transformers import AutoTokenizer
 MODEL = "fake-vllm"
 
 
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A scripted reply calling a tool, as the tiny model's chat format writes one (Hermes `<tool_call>` JSON)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
 def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     end, tool_results = (int(tokenizer.convert_tokens_to_ids(t))  # type: ignore[arg-type]
