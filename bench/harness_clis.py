@@ -42,9 +42,11 @@ from schemas.events import ModelCall
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 from stream_processors.replay import read_run_events
-from tests.fakes.vllm import tool_call
 
 from _shared import arguments, scratch_broker
+
+sys.path.insert(0, str(Path(__file__).parent.parent))  # the scripted engine lives with the tests
+from tests.fakes.vllm import tool_call
 
 console = Console(width=max(140, shutil.get_terminal_size().columns))
 SECRET, ADMIN = "bench-secret-key", "bench-admin-key"

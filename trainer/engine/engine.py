@@ -26,7 +26,8 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from trainer.engine import attention
 from trainer.engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
 from trainer.engine.forward import decode_logits, supports_direct
-from trainer.engine.kv_batch import KVBatch, cache_tensors
+from trainer.engine.kv_batch import KV, KVBatch, cache_tensors
+from trainer.engine.prefix_cache import PrefixCache
 from trainer.engine.sampling import SamplingParams, sample
 from trainer.engine.text import TextStream
 
@@ -96,6 +97,7 @@ class Engine:
         max_batch: int = 64,
         max_model_len: int | None = None,
         version: int = 0,
+        prefix_cache_bytes: int = 512 << 20,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -112,6 +114,7 @@ class Engine:
         self._pending: deque[_Submission] = deque()
         self._running: list[_Sequence] = []
         self._kv = KVBatch()
+        self.prefixes = PrefixCache(prefix_cache_bytes)  # the engine thread's; cleared while drained
         self._cond = threading.Condition()
         self._admitting = True
         self._idle = threading.Event()
@@ -183,6 +186,7 @@ class Engine:
                 self._idle.clear()
                 self._cond.notify_all()
             await asyncio.to_thread(self._idle.wait)
+            self.prefixes.clear()  # caches computed with the old weights
             try:
                 yield self.model
             finally:
@@ -253,19 +257,38 @@ class Engine:
         return admitted
 
     def _prefill(self, admitted: list[_Sequence]) -> None:
-        """Prompts of equal length share one forward pass (no padding needed); the others go alone."""
+        """A prompt that starts like a recent one computes only its new tokens; of the others, prompts of equal
+        length share one forward pass (no padding needed) and the rest go alone."""
         by_length: dict[int, list[_Sequence]] = {}
-        for seq in admitted:
-            by_length.setdefault(len(seq.submission.request.prompt_ids), []).append(seq)
-        for length, group in by_length.items():
-            ids = torch.tensor([s.submission.request.prompt_ids for s in group], device=self.device)
-            out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
-            kv = cache_tensors(out.past_key_values)
-            self._running += group
-            self._emit(group, out.logits[:, -1, :])
-            alive = set(map(id, self._running))  # a sequence can finish on its first token
-            self._kv.add([([(k[i:i + 1], v[i:i + 1]) for k, v in kv], length)
-                          for i, s in enumerate(group) if id(s) in alive])
+        for sub, seqs in _by_submission(admitted).items():
+            ids = sub.request.prompt_ids
+            reused, kv = self.prefixes.longest(ids) if self.prefixes.max_bytes else (0, [])
+            if reused:
+                self._forward(seqs, reused, kv)
+            else:
+                by_length.setdefault(len(ids), []).extend(seqs)
+        for group in by_length.values():
+            self._forward(group, 0, [])
+
+    def _forward(self, group: list[_Sequence], reused: int, prefix: KV) -> None:
+        """Prefill prompts of one length whose first `reused` ids have the cache `prefix` (all share it)."""
+        ids = torch.tensor([s.submission.request.prompt_ids[reused:] for s in group], device=self.device)
+        rows = len(group)
+        cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+                                             for k, v in prefix]) if reused else DynamicCache()
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        kv = cache_tensors(out.past_key_values)
+        length = reused + ids.shape[1]
+        if self.prefixes.max_bytes:
+            for sub, seqs in _by_submission(group).items():
+                i = group.index(seqs[0])
+                self.prefixes.put(sub.request.prompt_ids, [(k, v) if rows == 1 else (k[i:i + 1].clone(),
+                                                           v[i:i + 1].clone()) for k, v in kv])
+        self._running += group
+        self._emit(group, out.logits[:, -1, :])
+        alive = set(map(id, self._running))  # a sequence can finish on its first token
+        self._kv.add([([(k[i:i + 1], v[i:i + 1]) for k, v in kv], length)
+                      for i, s in enumerate(group) if id(s) in alive])
 
     def _decode(self) -> None:
         cache, mask, positions = self._kv.step_inputs(self.device)
@@ -318,6 +341,14 @@ class Engine:
             loop.call_soon_threadsafe(_deliver, batch)
         if done:
             self._running = [s for s in self._running if id(s) not in done]
+
+
+def _by_submission(seqs: list[_Sequence]) -> dict[_Submission, list[_Sequence]]:
+    """The n choices of each request together, in order."""
+    out: dict[_Submission, list[_Sequence]] = {}
+    for seq in seqs:
+        out.setdefault(seq.submission, []).append(seq)
+    return out
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

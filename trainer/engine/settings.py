@@ -19,6 +19,9 @@ class EngineSettings(BaseSettings):
     max_model_len: int | None = Field(None, ge=16, description="Context limit; defaults to the model config's.")
     max_logprobs: int = Field(20, ge=0)
     weight_version: int = Field(0, ge=0, description="Version of the weights the engine starts with.")
+    prefix_cache_mb: int = Field(
+        512, ge=0, description="Memory for caches of recent prompts that later prompts extend (0: off)."
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch; default leaves one core to the HTTP server and others."
     )
