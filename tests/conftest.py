@@ -92,11 +92,11 @@ class RunningEngine:
 
 
 @contextmanager
-def serve_engine(model: Path, log: Path) -> Iterator[RunningEngine]:
+def serve_engine(model: Path, log: Path, **env: str) -> Iterator[RunningEngine]:
     """`tether engine serve` as its own process, on a free port, for the length of a `with` block."""
     port = free_port()
     url, process = spawn(["tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)],
-                         log, "the engine", port)
+                         log, "the engine", port, env)
     try:
         yield RunningEngine(url, str(model), process)
     finally:

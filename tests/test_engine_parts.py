@@ -17,6 +17,7 @@ from trainer.engine import attention
 from trainer.engine.engine import Engine, Request
 from trainer.engine.forward import decode_logits, supports_direct
 from trainer.engine.kv_batch import KVBatch, cache_tensors
+from trainer.engine.protocol import CompletionRequest
 from trainer.engine.sampling import SamplingParams, distribution, sample
 from trainer.engine.text import TextStream
 
@@ -160,3 +161,18 @@ async def test_in_process_weight_updates_are_seen_under_the_new_version(tiny_mod
         assert v == {4} and after != before
     finally:
         engine.stop()
+
+
+@given(st.integers(1, 64), st.integers(1, 256), st.none() | st.integers(1, 512), st.none() | st.integers(1, 512))
+def test_a_request_without_max_tokens_gets_the_default_within_the_context(
+        prompt: int, room: int, default: int | None, asked: int | None) -> None:
+    body = CompletionRequest(model="m", prompt=[1] * prompt, max_tokens=asked)
+    limit = body.to_engine([1] * prompt, 20, room, default).max_tokens
+    if asked is not None:
+        assert limit == asked  # what the caller asked for stands (the engine refuses it if it does not fit)
+        return
+    assert limit >= 1 and (default is None or limit <= default)
+    if prompt < room:
+        assert prompt + limit <= room  # never past the context
+        if default is None or default >= room - prompt:
+            assert limit == room - prompt  # the rest of the context, as vLLM gives

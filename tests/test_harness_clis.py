@@ -8,6 +8,15 @@ record: every call with token ids, each prompt extending the one before (the
 model's own turns reused exactly), the task group formed by the processors,
 and a replay of the topics equal to it.
 
+Then each CLI once more on the embedded engine with the tiny model at a 32k
+context: its whole prompt (20-30 thousand tokens) goes through prefill and
+sampling, and nothing breaks. The random model seldom ends an answer, so most
+answers stop at the 48-token limit; each CLI reads that from its own protocol's
+stop reason (Anthropic's `max_tokens`, the Responses API's `incomplete`), says
+so and exits 1, and the rollout lands in its task group as a dropped failure.
+An answer that did end is nonsense: the CLI ends well, with reward 0. Either
+way every call is recorded with its token ids.
+
 The CLIs come from `make harnesses` (examples/npm); `make test` installs them.
 """
 
@@ -33,7 +42,7 @@ from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import content_hash
 from stream_processors.replay import replay
-from tests.conftest import scripted
+from tests.conftest import RunningEngine, gateway, scripted, serve_engine
 from tests.fakes.vllm import tool_call
 from tests.test_controller_examples import controller_settings
 from tests.test_gateway_agents import assert_extends
@@ -96,6 +105,54 @@ async def test_the_cli_runs_a_tool_and_its_episode_is_recorded_grouped_and_repla
     events, rebuilt = await replay(bus, cli_run, Policy())
     assert content_hash(rebuilt) == content_hash(await unique_groups(bus, cli_run))
     assert {e.rollout_id for e in events if isinstance(e, ModelCall)} >= set(mine)
+
+
+TRUNCATED = {"claude_code": "exceeded the 48 output token maximum",
+             "codex": "Incomplete response returned, reason: max_output_tokens"}
+
+
+@pytest.fixture(scope="module")
+def long_context_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningEngine, Path]]:
+    """The embedded engine on the tiny model at a 32k context; requests that set no limit (Codex's) get 48 tokens."""
+    from trainer.tiny_model import init_tiny
+
+    folder = tmp_path_factory.mktemp("tiny-32k")
+    model = init_tiny(folder / "model", seed=0, context=32768)
+    with serve_engine(model, folder / "engine.log", TETHER_ENGINE_DEFAULT_MAX_TOKENS="48") as engine:
+        yield engine, model
+
+
+@pytest.mark.parametrize("cli", [CLAUDE_CODE, CODEX], ids=lambda c: c.example)
+async def test_the_cli_s_whole_prompt_goes_through_the_tiny_model_and_is_recorded(
+        cli: Cli, cli_run: str, bus: BusSettings, long_context_engine: tuple[RunningEngine, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, model = long_context_engine
+    monkeypatch.setenv("PATH", f"{NPM_BIN}:{os.environ['PATH']}")
+    for name in cli.files:
+        shutil.copy(EXAMPLES / cli.example / name, tmp_path / name)
+    task = {**json.loads((EXAMPLES / cli.example / "tasks.jsonl").read_text().splitlines()[0])}
+    task["id"] = f"tiny-{cli.example}-{task['id']}"
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    config = load_config(tmp_path / "run.yaml")
+    harness = config.harness.model_copy(update={"env": {**config.harness.env, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "48"}})
+    config = config.model_copy(update={"run_id": cli_run, "group_size": 1, "harness": harness})
+    with gateway(bus, engine, model, tmp_path / "gateway.log", cli_run) as gw:
+        view = await run(config, controller_settings(bus, gw))
+
+    [(rid, state)] = [(rid, s) for rid, s in view.rollouts.items() if s.started.task_id == task["id"]]
+    log = (config.run_dir / f"{rid}.log").read_text(errors="replace")
+    calls = sorted((c for c in await recorded(bus, rid, 1) if isinstance(c, ModelCall)), key=lambda c: c.seq)
+    assert calls and all(c.status == "ok" and 1 <= len(c.response_token_ids) <= 48 for c in calls), calls
+    assert len(calls[0].prompt_token_ids) > 15_000  # the CLI's real system prompt and tools, all of it
+    group = await group_of(bus, cli_run, task["id"])
+    assert state.finished, log[-3000:]
+    if calls[-1].finish_reason == "length":
+        assert state.finished.status == "failed", log[-3000:]
+        assert TRUNCATED[cli.example] in log, log[-3000:]  # the CLI's own words: its protocol said "cut"
+        assert not group.rollouts and [(d.rollout_id, d.status) for d in group.dropped] == [(rid, "failed")]
+    else:
+        assert (state.finished.status, state.finished.reward) == ("succeeded", 0.0), log[-3000:]
+        assert [(r.rollout_id, r.reward) for r in group.rollouts] == [(rid, 0.0)]
 
 
 async def group_of(bus: BusSettings, run_id: str, task_id: str, timeout_s: float = 120) -> TaskGroup:

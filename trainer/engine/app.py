@@ -27,7 +27,8 @@ class SetVersion(BaseModel):
     version: int = Field(ge=0)
 
 
-def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engine: bool = True) -> FastAPI:
+def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engine: bool = True,
+               default_max_tokens: int | None = None) -> FastAPI:
     """The app serves `engine` under `model_name`; with own_engine the app starts and stops it."""
 
     @asynccontextmanager
@@ -88,7 +89,7 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
         if body.model != model_name:
             raise ModelNotFound(f"The model `{body.model}` does not exist.", "model")
         prompt_ids = body.prompt_ids(encode)
-        request = body.to_engine(prompt_ids, max_logprobs, engine.max_model_len)
+        request = body.to_engine(prompt_ids, max_logprobs, engine.max_model_len, default_max_tokens)
         engine.check(request)
         responder = Responder(body, model_name, prompt_ids, decode_one)
         chunks = engine.generate(request)

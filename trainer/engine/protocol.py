@@ -60,7 +60,8 @@ class CompletionRequest(BaseModel):
         raise InvalidRequest("prompt must be one string or one non-empty list of token ids; send one request per "
                              "prompt", "prompt")
 
-    def to_engine(self, prompt_ids: list[int], max_logprobs: int, room: int) -> Request:
+    def to_engine(self, prompt_ids: list[int], max_logprobs: int, room: int,
+                  default_max_tokens: int | None = None) -> Request:
         if self.echo:
             raise InvalidRequest("echo is not supported", "echo")
         if self.presence_penalty or self.frequency_penalty:
@@ -70,7 +71,8 @@ class CompletionRequest(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return Request(
             prompt_ids=prompt_ids,
-            max_tokens=self.max_tokens if self.max_tokens is not None else max(1, room - len(prompt_ids)),
+            max_tokens=self.max_tokens if self.max_tokens is not None else max(1, min(
+                room - len(prompt_ids), default_max_tokens or room)),
             n=self.n,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
                                     top_logprobs=self.logprobs or 0),

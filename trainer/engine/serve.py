@@ -34,5 +34,6 @@ def load_engine(settings: EngineSettings) -> Engine:
 
 def serve(settings: EngineSettings) -> None:
     engine = load_engine(settings)
-    app = create_app(engine, settings.served_model_name or settings.model, settings.max_logprobs)
+    app = create_app(engine, settings.served_model_name or settings.model, settings.max_logprobs,
+                     default_max_tokens=settings.default_max_tokens)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

@@ -18,6 +18,10 @@ class EngineSettings(BaseSettings):
     max_batch: int = Field(64, ge=1, description="Sequences decoded together in one step.")
     max_model_len: int | None = Field(None, ge=16, description="Context limit; defaults to the model config's.")
     max_logprobs: int = Field(20, ge=0)
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="Completion limit for requests that set none (Codex sends none); default: the "
+        "rest of the context, as vLLM does.",
+    )
     weight_version: int = Field(0, ge=0, description="Version of the weights the engine starts with.")
     prefix_cache_mb: int = Field(
         512, ge=0, description="Memory for caches of recent prompts that later prompts extend (0: off)."
