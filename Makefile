@@ -55,7 +55,7 @@ kafka-down: setup
 kafka-status: setup
 	$(BIN)/tether kafka status
 
-bench: setup
+bench: setup harnesses
 	$(BIN)/python bench/bus_throughput.py
 	$(BIN)/python bench/engine_throughput.py
 	$(BIN)/python bench/gateway_overhead.py
@@ -63,6 +63,7 @@ bench: setup
 	$(BIN)/python bench/pipeline_throughput.py
 	$(BIN)/python bench/trainer_step.py
 	$(BIN)/python bench/async_vs_sync.py
+	$(BIN)/python bench/harness_clis.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
