@@ -15,7 +15,8 @@ engine's time per call, and the gateway's own time per call: from receiving
 the request to its event being built (rendering the ~25k-token prompt, the
 engine hop excluded, the Kafka acknowledgement not yet), and its mean time
 per call end to end minus the engine's (from its /metrics). And the wall time
-of a rollout (the CLI's start-up included). Writes bench/results/harness_clis.json.
+of a rollout (the CLI's start-up included). Writes bench/results/harness_clis.json
+and a plot of prompt sizes and the gateway's time per CLI.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 from stream_processors.replay import read_run_events
 
-from _shared import arguments, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the scripted engine lives with the tests
 from tests.fakes.vllm import tool_call
@@ -188,6 +189,26 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"engine": args.engine, "clis": summary}, indent=1))
     console.print(f"figures: {args.out.with_suffix('.json')}")
+    plot(summary, args.engine, args.out)
+
+
+def plot(summary: dict[str, dict[str, float]], engine: str, out: Path) -> None:
+    plt = pyplot()
+    names = list(summary)
+    fig, (tokens, gateway) = plt.subplots(1, 2, figsize=(10, 3.5))
+    tokens.bar(names, [summary[n]["prompt tokens p50"] for n in names], color="tab:blue")
+    tokens.set_ylabel("prompt tokens per call (p50)")
+    tokens.set_title("what each CLI sends")
+    keys = ("gateway ms before record p50", "gateway ms before record p99", "gateway ms/call minus engine")
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        gateway.bar([x + i * width for x in range(len(names))], [summary[n][key] for n in names], width,
+                    label=key.removeprefix("gateway "))
+    gateway.set_xticks([x + width for x in range(len(names))], names)
+    gateway.set_ylabel("ms")
+    gateway.set_title(f"the gateway's own time ({engine} engine)")
+    gateway.legend(fontsize=8)
+    save(fig, out, console)
 
 
 def measure(calls: list[ModelCall], rollouts: int, walls: list[float], after: tuple[float, float],
