@@ -192,7 +192,7 @@ def prepare(args: argparse.Namespace) -> Run:
                                         heap=args.heap, start_timeout_s=240, security=args.security))
     run_id = "chaos"
     settings = StackSettings(run_id=run_id, home=scratch / "home", model=init_tiny(scratch / "tiny"),
-                             engine_port=free_port(), gateway_port=free_port(), gateway_replicas=2, trainer={
+                             engine_port=free_port(), gateway_port=free_port_block(3), gateway_replicas=2, trainer={
                                  "batch_groups": args.batch_groups, "max_staleness": 100, "zero_variance": "keep",
                                  "lr": 1e-4})
     calls_dir = scratch / "calls"

@@ -13,7 +13,7 @@ import httpx
 import openai
 
 from infra.kafka.launcher import KafkaBroker
-from infra.processes import free_port
+from infra.processes import free_port, free_port_block
 from schemas.events import ModelCall, RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
 from schemas.rollout_token import mint
@@ -48,7 +48,7 @@ def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: 
                                                       tmp_path: Path) -> None:
     run_id = f"replicas-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     settings = StackSettings(run_id=run_id, home=tmp_path / "home", model=tiny_model, engine_port=free_port(),
-                             gateway_port=free_port(), gateway_replicas=2, with_trainer=False)
+                             gateway_port=free_port_block(3), gateway_replicas=2, with_trainer=False)
     stack = Stack(settings, broker=broker)
     admin = {"authorization": f"Bearer {settings.admin_key}"}
     rollout_ids = [f"{run_id}-r{i}" for i in range(ROLLOUTS)]

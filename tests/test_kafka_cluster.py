@@ -261,7 +261,7 @@ def test_the_stack_trains_through_the_secured_cluster_each_service_as_its_own_us
 
     run_id = f"secured-{uuid.uuid4().hex[:6]}"
     settings = StackSettings(run_id=run_id, home=tmp_path / "home", model=tiny_model, engine_port=free_port(),
-                             gateway_port=free_port(), gateway_replicas=2,
+                             gateway_port=free_port_block(3), gateway_replicas=2,
                              trainer={"batch_groups": 2, "max_updates": 1, "zero_variance": "keep"})
     stack = Stack(settings, broker=cluster)
     try:
