@@ -1,22 +1,21 @@
-"""One contract for every update backend the loop can be given (trainer/backend.py): the embedded torch learner, and
-verl's worker-group backend driven by a CPU stand-in for verl's workers (no Ray, FSDP or vLLM here)."""
+"""One contract for every update backend the loop can be given (trainer/backend.py): the embedded torch learner,
+and verl's own FSDP2 workers on Ray (two CPU processes over gloo here, as on a GPU cluster minus the GPUs)."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
+import ray
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from verl import DataProto
-from verl.trainer.ppo import core_algos
-from verl.utils.torch_functional import logprobs_from_logits
 
 from schemas.events import RolloutSample, Segment, TaskGroup, TrainerStep
 from tests.factories import T0
@@ -24,89 +23,66 @@ from trainer import checkpoint
 from trainer.backend import UpdateBackend
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
+from trainer.errors import UpdateFailed
 from trainer.learner import TorchLearner
 from trainer.metrics import UpdateMetrics, UpdateRecord
 from trainer.verl_backend import VerlBackend
+from trainer.verl_workers import VerlWorkers
 
 PROMPT, GOOD, BAD = [5, 17, 99, 42], [300, 301, 302], [700, 701, 702]
 
 
-class CpuStandInWorkers:
-    """A stand-in for verl's actor/rollout worker group (`RayPPOTrainer.actor_rollout_wg`) on the CPU. It does
-    what verl's actor does with the batch `to_verl` lays out: score each response after its left-padded prompt
-    and take one step of verl's clipped objective, token-summed with `rollout_is_weights`, here with a tiny
-    model and AdamW; its checkpoint is a torch file of weights and optimiser."""
-
-    def __init__(self, model_dir: Path, lr: float) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        self.calls = 0
-
-    def update_actor(self, data: DataProto) -> DataProto:
-        self.calls += 1
-        t = data.batch
-        prompt_len = t["prompts"].shape[1]
-        self.model.train()
-        logits = self.model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
-                            position_ids=t["position_ids"]).logits
-        log_prob = logprobs_from_logits(logits[:, prompt_len - 1:-1].float() / data.meta_info["temperature"],
-                                        t["responses"])
-        mask = t["response_mask"]
-        config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-                                   "clip_ratio_c": 3.0, "global_batch_info": {
-                                       "batch_num_tokens": int(mask.sum()), "global_batch_size": len(mask)}})
-        loss, metrics = core_algos.get_policy_loss_fn("vanilla")(
-            old_log_prob=t["old_log_probs"], log_prob=log_prob, advantages=t["advantages"], response_mask=mask,
-            loss_agg_mode="token-sum", config=config, rollout_is_weights=t["rollout_is_weights"])
-        self.optimizer.zero_grad()
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
-        self.optimizer.step()
-        out: DataProto = DataProto.from_dict(tensors={"x": torch.zeros(1)}, meta_info={"metrics": {
-            "actor/pg_loss": [float(loss.detach())], "actor/pg_clipfrac": [float(metrics["actor/pg_clipfrac"])],
-            "actor/grad_norm": [grad_norm]}})
-        return out
-
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None:
-        os.makedirs(local_path)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": global_step},
-                   Path(local_path) / "stand_in.pt")
-
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None:
-        saved: dict[str, Any] = torch.load(Path(local_path) / "stand_in.pt")
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-
-
 @dataclass(frozen=True)
 class Subject:
-    """A backend under test, and the model whose log-probs show what its updates did."""
+    """A backend under test, and the policy it holds now (as a model this process can score with)."""
     backend: UpdateBackend
-    policy: PreTrainedModel
+    policy: Callable[[], PreTrainedModel]
 
 
 Open = Callable[[Path | None], Subject]  # a backend restored from a checkpoint folder, or fresh
 
 
-def config_for(tiny_model: Path) -> TrainerConfig:
-    return TrainerConfig(run_id="run", model=tiny_model, lr=1e-3, device="cpu")
+def config_for(tiny_model: Path, run_dir: Path | None = None) -> TrainerConfig:
+    return TrainerConfig(run_id="run", model=tiny_model, lr=1e-3, device="cpu",
+                         checkpoint_dir=run_dir or Path("/nonexistent"))
 
 
-@pytest.fixture(params=["torch", "verl (CPU stand-in workers)"])
-def open_backend(request: pytest.FixtureRequest, tiny_model: Path) -> Open:
-    config = config_for(tiny_model)
+@pytest.fixture(scope="module")
+def verl_workers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VerlWorkers, Path]]:
+    """verl's workers, two of them, started once; and their checkpoint as started, which a test's fresh backend
+    goes back to."""
+    workers = VerlWorkers.start(config_for(tiny_model), world_size=2)
+    fresh = tmp_path_factory.mktemp("verl") / "fresh"
+    workers.save_checkpoint(fresh, 0)
+    try:
+        yield workers, fresh
+    finally:
+        workers.stop()
+        ray.shutdown()
+
+
+def exported(backend: VerlBackend, folder: Path) -> PreTrainedModel:
+    backend.workers.export_weights(folder)
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.fixture(params=["torch", "verl"])
+def open_backend(request: pytest.FixtureRequest, tiny_model: Path, tmp_path: Path) -> Open:
+    config = config_for(tiny_model, tmp_path / "runs")
 
     def torch_learner(found: Path | None) -> Subject:
         learner = TorchLearner.load(config, torch.device("cpu"), found)
-        return Subject(learner, learner.model)
+        return Subject(learner, lambda: learner.model)
 
-    def verl_stand_in(found: Path | None) -> Subject:
-        workers = CpuStandInWorkers(tiny_model, config.lr)
-        return Subject(VerlBackend.open(config, workers, found), workers.model)
+    def verl(found: Path | None) -> Subject:
+        workers, fresh = request.getfixturevalue("verl_workers")
+        backend = VerlBackend.open(config, workers, found)
+        if found is None:
+            workers.load_checkpoint(fresh)
+        folders = iter(range(10**6))
+        return Subject(backend, lambda: exported(backend, tmp_path / f"export-{next(folders)}"))
 
-    return torch_learner if request.param == "torch" else verl_stand_in
+    return torch_learner if request.param == "torch" else verl
 
 
 def response_log_prob(model: PreTrainedModel, response: list[int]) -> float:
@@ -138,19 +114,22 @@ def good_vs_bad(model: PreTrainedModel, version: int = 0) -> list[TaskGroup]:
 def test_an_update_moves_the_policy_toward_the_advantage(open_backend: Open) -> None:
     torch.manual_seed(0)
     subject = open_backend(None)
-    before_good, before_bad = response_log_prob(subject.policy, GOOD), response_log_prob(subject.policy, BAD)
+    policy = subject.policy()
+    before_good, before_bad = response_log_prob(policy, GOOD), response_log_prob(policy, BAD)
     for _ in range(5):
-        subject.backend.update(good_vs_bad(subject.policy), version=0)
-    assert response_log_prob(subject.policy, GOOD) > before_good + 0.5
-    assert response_log_prob(subject.policy, BAD) < before_bad - 0.5
+        subject.backend.update(good_vs_bad(policy), version=0)
+        policy = subject.policy()
+    assert response_log_prob(policy, GOOD) > before_good + 0.5
+    assert response_log_prob(policy, BAD) < before_bad - 0.5
 
 
 def test_the_metrics_are_the_batchs_and_map_onto_a_trainer_step(open_backend: Open) -> None:
     subject = open_backend(None)
-    metrics = subject.backend.update(good_vs_bad(subject.policy, version=0), version=2)
+    metrics = subject.backend.update(good_vs_bad(subject.policy(), version=0), version=2)
     assert (metrics.tokens, metrics.task_groups, metrics.optimizer_steps) == (6, 1, 1)  # 3 + 3 response tokens
     assert metrics.staleness_mean == metrics.staleness_max == 2.0  # sampled at version 0, trained at 2
     assert math.isfinite(metrics.loss) and metrics.grad_norm > 0 and metrics.seconds > 0
+    assert metrics.is_weight_mean == pytest.approx(1.0, abs=1e-3)  # sampled by these very weights
 
     record = UpdateRecord(version=3, metrics=metrics, mean_reward=0.5, dropped_stale=1, dropped_no_signal=2,
                           time=1.0)
@@ -167,26 +146,100 @@ def test_the_metrics_are_the_batchs_and_map_onto_a_trainer_step(open_backend: Op
 
 def test_no_groups_is_no_update(open_backend: Open) -> None:
     subject = open_backend(None)
-    before = response_log_prob(subject.policy, GOOD)
+    before = response_log_prob(subject.policy(), GOOD)
     assert subject.backend.update([], version=4) == UpdateMetrics()  # zeros: what the loop records for it
-    assert response_log_prob(subject.policy, GOOD) == before
+    assert response_log_prob(subject.policy(), GOOD) == pytest.approx(before, abs=1e-6)
 
 
 def test_a_committed_checkpoint_restores_the_weights_and_the_optimiser(open_backend: Open, tmp_path: Path) -> None:
+    """One backend at a time (verl's workers are one group): train, commit, train on; then restore the commit and
+    train on the same batch: the same weights only if the optimiser's state came back with them."""
     first = open_backend(None)
-    first.backend.update(good_vs_bad(first.policy), version=0)
+    first.backend.update(good_vs_bad(first.policy()), version=0)
     state = TrainerState(version=1, offsets={"0": 7}, trained={"x": 1}, history=[{"version": 1.0}])
     staging = first.backend.stage(tmp_path, state)
     assert checkpoint.latest(tmp_path) is None  # staged is not committed
     final = checkpoint.commit(tmp_path, staging, 1)
     assert checkpoint.latest(tmp_path) == final and checkpoint.load_state(final) == state
-
-    resumed, fresh = open_backend(final), open_backend(None)
-    trained = response_log_prob(first.policy, GOOD)
-    assert response_log_prob(resumed.policy, GOOD) == pytest.approx(trained, abs=1e-5)
-    assert response_log_prob(fresh.policy, GOOD) != pytest.approx(trained, abs=1e-3)
-    groups = good_vs_bad(first.policy)  # the same next batch for both: equal only if the optimiser came back
+    on_disk = AutoModelForCausalLM.from_pretrained(final)  # the folder is a model the engines load as it is
+    trained_policy = first.policy()
+    trained = response_log_prob(trained_policy, GOOD)
+    assert response_log_prob(on_disk, GOOD) == pytest.approx(trained, abs=1e-5)
+    groups = good_vs_bad(trained_policy)
     first.backend.update(groups, version=1)
+    went_on = first.policy()
+    after_good, after_bad = response_log_prob(went_on, GOOD), response_log_prob(went_on, BAD)
+
+    resumed = open_backend(final)
+    assert response_log_prob(resumed.policy(), GOOD) == pytest.approx(trained, abs=1e-5)
     resumed.backend.update(groups, version=1)
-    assert response_log_prob(resumed.policy, GOOD) == pytest.approx(response_log_prob(first.policy, GOOD), abs=1e-4)
-    assert response_log_prob(resumed.policy, BAD) == pytest.approx(response_log_prob(first.policy, BAD), abs=1e-4)
+    again = resumed.policy()
+    assert response_log_prob(again, GOOD) == pytest.approx(after_good, abs=1e-4)
+    assert response_log_prob(again, BAD) == pytest.approx(after_bad, abs=1e-4)
+    assert response_log_prob(open_backend(None).policy(), GOOD) != pytest.approx(trained, abs=1e-3)
+
+
+def stale_good_vs_bad(model: PreTrainedModel) -> list[TaskGroup]:
+    """As if sampled by older weights, differently for each rollout: importance weights away from 1, a loss
+    away from 0."""
+    [group] = good_vs_bad(model)
+    shifted = [replace(r, segments=[replace(s, logprobs=[lp + (0.3 if r.reward else -0.2) * m for lp, m in
+                                                         zip(s.logprobs, s.loss_mask, strict=True)])
+                                    for s in r.segments]) for r in group.rollouts]
+    return [replace(group, rollouts=shifted)]
+
+
+def test_both_backends_take_the_same_first_step(tiny_model: Path, tmp_path: Path,
+                                                 verl_workers: tuple[VerlWorkers, Path]) -> None:
+    """From the same weights on the same batch: the same loss, gradient norm and resulting policy, within
+    float32 noise (FSDP2 over two workers against one process; eager attention against sdpa)."""
+    config = config_for(tiny_model, tmp_path / "runs")
+    learner = TorchLearner.load(config, torch.device("cpu"), None)
+    workers, fresh = verl_workers
+    workers.load_checkpoint(fresh)
+    verl = VerlBackend(config, workers)
+    groups = stale_good_vs_bad(learner.model)
+    by_torch, by_verl = learner.update(groups, version=0), verl.update(groups, version=0)
+    assert abs(by_torch.loss) > 0.05
+    assert by_verl.loss == pytest.approx(by_torch.loss, rel=1e-3, abs=1e-5)
+    assert by_verl.grad_norm == pytest.approx(by_torch.grad_norm, rel=1e-3)
+    assert by_verl.is_weight_mean == pytest.approx(by_torch.is_weight_mean, rel=1e-4)
+    after = exported(verl, tmp_path / "verl")
+    for response in (GOOD, BAD):
+        assert response_log_prob(after, response) == pytest.approx(response_log_prob(learner.model, response),
+                                                                   abs=2e-3)
+
+
+def test_a_worker_killed_mid_update_fails_it_cleanly_and_the_next_succeeds(
+        tiny_model: Path, tmp_path: Path, verl_workers: tuple[VerlWorkers, Path]) -> None:
+    workers, fresh = verl_workers
+    workers.load_checkpoint(fresh)
+    backend = VerlBackend(config_for(tiny_model, tmp_path / "runs"), workers)
+    policy = exported(backend, tmp_path / "before")
+    long = [TaskGroup(group_id=f"g{i}", run_id="run", task_id=f"t{i}", group_size=2, created_at=T0, rollouts=[
+        RolloutSample(rollout_id=f"g{i}-{r}", reward=float(r), status="succeeded", segments=[Segment(
+            token_ids=PROMPT + [(i * 7 + r + k) % 1000 for k in range(600)], loss_mask=[False] * 4 + [True] * 600,
+            logprobs=[0.0] * 604, weight_versions=[0] * 604)]) for r in (0, 1)]) for i in range(16)]
+    failed: list[BaseException] = []
+
+    def update() -> None:
+        try:
+            backend.update(long, version=0)
+        except BaseException as exc:  # the test reads it
+            failed.append(exc)
+
+    victim = workers.pids()[1]
+    running = threading.Thread(target=update)
+    running.start()
+    time.sleep(1.0)  # into the update: sixteen 600-token pairs take several seconds on two CPU workers
+    assert running.is_alive(), "the update ended before the worker could be killed: make the batch longer"
+    os.kill(victim, signal.SIGKILL)
+    running.join(300)
+    assert len(failed) == 1 and isinstance(failed[0], UpdateFailed), failed
+    assert "version 1" in str(failed[0])
+    assert victim not in workers.pids()  # new workers, from the starting model (no checkpoint was committed)
+    assert response_log_prob(exported(backend, tmp_path / "restarted"), GOOD) == pytest.approx(
+        response_log_prob(policy, GOOD), abs=1e-5)
+    metrics = backend.update(good_vs_bad(policy), version=0)
+    assert metrics.optimizer_steps == 1 and metrics.grad_norm > 0
+    assert response_log_prob(exported(backend, tmp_path / "after"), GOOD) > response_log_prob(policy, GOOD)

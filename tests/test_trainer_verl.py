@@ -1,5 +1,5 @@
-"""The verl backend's CPU-testable parts: batch conversion, config, the update call on a recording stand-in worker
-group, and choosing a backend. Its training behaviour is in tests/test_trainer_backends.py."""
+"""The verl backend's pure parts: the batch layout, the mini-batch weights, verl's config, choosing a backend. Its
+training behaviour, on verl's real workers, is in tests/test_trainer_backends.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
-from verl import DataProto
 
 from schemas.events import RolloutSample, Segment, TaskGroup
 from tests.factories import T0
-from trainer.backend import open_backend
 from trainer.config import TrainerConfig, load_config
 from trainer.errors import ConfigError, TrainerError
-from trainer.verl_backend import VerlBackend, to_verl, verl_config, worker_metrics
+from trainer.verl_backend import _scale_mini_batches, to_verl, verl_config
+from trainer.verl_workers import MICRO_BATCH, actor_config
 
 CONFIG = TrainerConfig(run_id="r", model=Path("m"), batch_groups=2, kl_coef=0.01)
 
@@ -36,7 +37,7 @@ def test_segments_become_verl_prompts_and_masked_responses() -> None:
     assert t["prompts"].tolist() == [[1, 2], [0, 7]]  # left-padded
     assert t["responses"].tolist() == [[3, 4, 5, 6], [8, 0, 0, 0]]
     assert t["response_mask"].tolist() == [[1, 1, 0, 1], [1, 0, 0, 0]]  # the tool output is not trained
-    assert t["old_log_probs"][0].tolist() == pytest.approx([-0.1, -0.2, 0.0, -0.3])
+    assert t["behaviour_log_probs"][0].tolist() == pytest.approx([-0.1, -0.2, 0.0, -0.3])
     assert t["advantages"][0, 0] > 0 > t["advantages"][1, 0]
     assert t["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]]
     assert t["input_ids"].shape == (2, 6)
@@ -52,36 +53,37 @@ def test_the_config_sends_verl_our_algorithm() -> None:
         verl_config(CONFIG, n_gpus=0)
 
 
-class RecordingStandInWorkers:
-    """A stand-in for verl's worker group that trains nothing: it keeps what it is sent and reports fixed
-    metrics, as verl's workers do (lists per micro-batch, or numbers)."""
-
-    def __init__(self) -> None:
-        self.seen: list[DataProto] = []
-        self.reply: DataProto = DataProto.from_dict(tensors={"x": torch.zeros(1)}, meta_info={"metrics": {
-            "actor/pg_loss": [0.5, 1.5], "n": 3, "actor/grad_norm": [2.0, 4.0]}})
-
-    def update_actor(self, data: DataProto) -> DataProto:
-        self.seen.append(data)
-        return self.reply
-
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None:
-        raise AssertionError("not used here")
-
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None:
-        raise AssertionError("not used here")
+def test_rows_fill_up_to_a_multiple_with_rows_that_train_nothing() -> None:
+    t = to_verl(groups(), CONFIG, rows_multiple=4).batch
+    assert t["responses"].shape[0] == 4
+    assert t["response_mask"][2:].sum() == 0 and t["token_weights"][2:].sum() == 0
+    assert t["input_ids"][3].tolist() == t["input_ids"][1].tolist()  # shaped like a real row: no empty sequence
 
 
-def test_the_backend_hands_the_batch_to_the_workers() -> None:
-    workers = RecordingStandInWorkers()
-    metrics = VerlBackend(CONFIG, workers).update(groups(), version=0)
-    assert worker_metrics(workers.reply) == {"actor/pg_loss": 1.0, "n": 3.0, "actor/grad_norm": 3.0}
-    assert workers.seen[0].batch["responses"].shape == (2, 4)
-    # verl's names mapped onto the record a TrainerStep is made of
-    assert (metrics.loss, metrics.grad_norm, metrics.optimizer_steps) == (1.0, 3.0, 2)
-    assert (metrics.tokens, metrics.task_groups) == (4, 1)  # three trainable targets in a, one in b
+@given(st.lists(st.floats(0.0, 1.0), min_size=8, max_size=8), st.sampled_from([(1, 2), (2, 2), (2, 4), (1, 4)]))
+def test_each_mini_batch_carries_the_whole_batchs_weight(masses: list[float], split: tuple[int, int]) -> None:
+    """verl gives worker w rows [w*share, (w+1)*share) and each worker takes its mini-batches in order; after
+    scaling, the rows of each global mini-batch weigh what the whole batch did, as in the torch learner."""
+    world, minis = split
+    t = {"token_weights": torch.tensor(masses)[:, None].repeat(1, 3), "response_mask": torch.ones(8, 3)}
+    total = float(t["token_weights"].sum())
+    _scale_mini_batches(t, world, minis)
+    share, per = 8 // world, 8 // world // minis
+    for j in range(minis):
+        rows = [w * share + j * per + i for w in range(world) for i in range(per)]
+        mass = float(t["token_weights"][rows].sum())
+        assert mass == pytest.approx(total, rel=1e-5) or mass == 0.0
+
+
+def test_verl_s_own_defaults_carry_the_run_s_settings() -> None:
+    c = actor_config(CONFIG.model_copy(update={"lr": 0.01, "epochs": 2}), world_size=2, cpu=True)
+    assert (c.actor.strategy, c.actor.fsdp_config.strategy) == ("fsdp2", "fsdp2")  # FSDP1 refuses CPU params
+    assert c.actor.optim.lr == 0.01 and c.actor.ppo_epochs == 2 and c.actor.optim.clip_grad == CONFIG.max_grad_norm
+    assert c.model.override_config.attn_implementation == "eager"  # flash attention is GPU-only
+    assert c.actor.ppo_micro_batch_size_per_gpu == MICRO_BATCH and c.rollout.name == "vllm"
+    gpu = actor_config(CONFIG, world_size=8, cpu=False)
+    assert gpu.actor.fsdp_config.dtype == "bfloat16" and gpu.model.override_config.attn_implementation == \
+        "flash_attention_2"
 
 
 def test_selecting_a_backend_in_the_config(tmp_path: Path) -> None:
@@ -89,10 +91,12 @@ def test_selecting_a_backend_in_the_config(tmp_path: Path) -> None:
     (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m", "backend": "jax"}))
     with pytest.raises(ConfigError, match=r"trainer.yaml: backend: Input should be 'torch' or 'verl'"):
         load_config(tmp_path / "trainer.yaml")
-    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m", "backend": "verl",
-                                                           "engine_url": "http://engine"}))
-    with pytest.raises(ConfigError, match=r"backend: .*own vLLM replicas: leave engine_url unset"):
-        load_config(tmp_path / "trainer.yaml")
-    verl = TrainerConfig(run_id="r", model=Path("m"), backend="verl")
-    with pytest.raises(TrainerError, match="GPU" if not torch.cuda.is_available() else "worker group"):
-        open_backend(verl, torch.device("cpu"), None)  # the loop cannot start verl's workers itself
+    verl = load_config_text(tmp_path, {"run_id": "r", "model": "m", "backend": "verl", "workers": 4})
+    assert (verl.backend, verl.workers) == ("verl", 4)
+    with pytest.raises(ConfigError, match=r"workers: Input should be greater than or equal to 1"):
+        load_config_text(tmp_path, {"run_id": "r", "model": "m", "backend": "verl", "workers": 0})
+
+
+def load_config_text(folder: Path, raw: dict[str, object]) -> TrainerConfig:
+    (folder / "trainer.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(folder / "trainer.yaml")

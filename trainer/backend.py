@@ -6,7 +6,7 @@ groups and writes its weights and optimiser into a staging folder. Two
 implement it, chosen by the trainer config's `backend`:
 
     torch   the embedded learner (`trainer/learner.py`): model, optimiser and reference in this process
-    verl    verl's actor/rollout worker group (`trainer/verl_backend.py`): FSDP workers on a Ray cluster
+    verl    verl's own actor workers (`trainer/verl_backend.py`): FSDP2 on Ray, `workers` of them
 
 `tests/test_trainer_backends.py` holds both to the same contract.
 """
@@ -21,7 +21,6 @@ import torch
 from schemas.events import TaskGroup
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
-from trainer.errors import TrainerError
 from trainer.metrics import UpdateMetrics
 
 
@@ -35,7 +34,12 @@ class UpdateBackend(Protocol):
 
     def stage(self, root: Path, state: TrainerState) -> Path:
         """Weights, optimiser and `state` written and synced in a staging folder under `root`, for
-        `checkpoint.commit`; restoring from the committed folder is the backend's own constructor's job."""
+        `checkpoint.commit`; restoring from the committed folder is the backend's own constructor's job. The
+        folder's top level is a Hugging Face model folder: what the inference engines load."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend started (processes, a cluster connection)."""
         ...
 
 
@@ -45,10 +49,7 @@ def open_backend(config: TrainerConfig, device: torch.device, found: Path | None
         from trainer.learner import TorchLearner
 
         return TorchLearner.load(config, device, found)
-    from trainer.verl_backend import verl_config
+    from trainer.verl_backend import VerlBackend
+    from trainer.verl_workers import VerlWorkers
 
-    verl_config(config, n_gpus=torch.cuda.device_count())  # no GPU: says so
-    raise TrainerError("backend verl: the update runs on verl's actor/rollout worker group, which verl's "
-                       "RayPPOTrainer.init_workers() starts on a Ray cluster; `tether trainer run` does not start "
-                       "one. Give the loop VerlBackend.open(config, workers, checkpoint) as "
-                       "Trainer(config, bus, backend=...)")
+    return VerlBackend.open(config, VerlWorkers.start(config, config.workers), found)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.config_file import load_model
 from trainer.errors import ConfigError
@@ -46,17 +46,10 @@ class TrainerConfig(BaseModel):
                                 "taken for dead while an update waits for it: written off with a GatewayLeft.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["torch", "verl"] = Field(
-        "torch", description="What runs the update: the embedded torch learner, or verl's worker group (a Ray "
-                             "cluster with GPUs, whose vLLM replicas take the new weights themselves).")
+        "torch", description="What runs the update: the embedded torch learner, or verl's FSDP workers on Ray.")
+    workers: int = Field(2, ge=1, description="With backend verl: data-parallel workers (one per GPU; CPU "
+                                              "processes where there is none).")
     seed: int = 0
-
-    @field_validator("backend")
-    @classmethod
-    def _one_engine(cls, backend: str, info: ValidationInfo) -> str:
-        if backend == "verl" and info.data.get("engine_url") is not None:
-            raise ValueError("the verl backend loads the new weights into its own vLLM replicas: leave engine_url "
-                             "unset")
-        return backend
 
     @property
     def run_dir(self) -> Path:

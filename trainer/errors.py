@@ -3,7 +3,9 @@
     TrainerError
     ├── ConfigError      the trainer's configuration is invalid (names the field)
     ├── DrainTimeout     a gateway did not report GatewayDrained in time (the update is aborted)
-    └── EngineError      the engine refused or did not load a new weight version
+    ├── EngineError      the engine refused or did not load a new weight version
+    ├── WorkersLost      a worker of the verl backend died, or its process group broke
+    └── UpdateFailed     an update was not applied (workers lost); the backend is ready again from the checkpoint
 """
 
 from __future__ import annotations
@@ -22,4 +24,12 @@ class DrainTimeout(TrainerError):
 
 
 class EngineError(TrainerError):
+    pass
+
+
+class UpdateFailed(TrainerError):
+    pass
+
+
+class WorkersLost(TrainerError):
     pass

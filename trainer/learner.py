@@ -77,6 +77,9 @@ class TorchLearner:
     def stage(self, root: Path, state: TrainerState) -> Path:
         return checkpoint.stage(root, state, self._write)
 
+    def close(self) -> None:
+        pass  # everything lives in this process
+
     def _write(self, folder: Path) -> None:
         self.model.save_pretrained(folder, safe_serialization=True)  # config + model.safetensors: loadable anywhere
         torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")

@@ -47,11 +47,12 @@ from trainer.backend import UpdateBackend, open_backend
 from trainer.batch import select
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
-from trainer.errors import DrainTimeout, EngineError
+from trainer.errors import DrainTimeout, EngineError, UpdateFailed
 from trainer.learner import pick_device
 from trainer.metrics import UpdateRecord
 
 log = logging.getLogger("tether.trainer")
+UPDATE_ATTEMPTS = 3  # of one batch, when the backend loses its workers
 
 
 @dataclass(kw_only=True)
@@ -66,6 +67,7 @@ class Control:
     drained: dict[int, set[str]] = field(default_factory=dict)
     requested: int = 0
     settled: int = 0  # the latest version published or aborted
+    open: bool = False  # the latest request is not settled yet
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     clock: Callable[[], float] = time.monotonic
 
@@ -82,13 +84,16 @@ class Control:
                 self.members[event.gateway_id] = self.clock()
         elif isinstance(event, UpdateRequested):
             self.requested = max(self.requested, event.version)
+            self.open = True
         elif isinstance(event, WeightVersionPublished | UpdateAborted):
             self.settled = max(self.settled, event.version)
+            self.open = self.open and self.settled < self.requested
         self.changed.set()
 
     @property
     def pending(self) -> int | None:
-        return self.requested if self.requested > self.settled else None
+        """The version requested and not yet published or aborted (an aborted one may be requested again)."""
+        return self.requested if self.open else None
 
     def missing(self, version: int) -> set[str]:
         """Members that have not drained for `version`."""
@@ -196,6 +201,8 @@ class Trainer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
                 await engine.aclose()
+                if self.backend is None:  # the loop opened it
+                    await asyncio.to_thread(backend.close)
         return state
 
     async def _train(self, run: Session) -> None:
@@ -222,13 +229,28 @@ class Trainer:
                 taken, buffer = buffer[:self.config.batch_groups], buffer[self.config.batch_groups:]
                 for _, tp, offset in taken:  # resume just past what this update used
                     state.offsets[str(tp.partition)] = max(state.offsets.get(str(tp.partition), 0), offset + 1)
-                await self._update(run, [g for g, _, _ in taken])
+                await self._update_retrying(run, [g for g, _, _ in taken])
                 queued.difference_update(g.group_id for g, _, _ in taken)
                 if self._done(state):
                     return
 
     def _done(self, state: TrainerState) -> bool:
         return self.config.max_updates is not None and len(state.history) >= self.config.max_updates
+
+    async def _update_retrying(self, run: Session, groups: list[TaskGroup]) -> None:
+        """An update the backend could not apply (it lost its workers, and is back from the checkpoint) is
+        aborted, so the gateways resume, and requested again with the same groups."""
+        for attempt in range(1, UPDATE_ATTEMPTS + 1):
+            try:
+                return await self._update(run, groups)
+            except UpdateFailed as exc:
+                version = run.state.version + 1
+                await run.producer.publish(UpdateAborted(run_id=self.config.run_id, version=version,
+                                                         reason=str(exc)[:2000]))
+                self.control.drained.pop(version, None)  # the next request needs drains of its own
+                if attempt == UPDATE_ATTEMPTS:
+                    raise
+                log.warning("version %d: attempt %d failed (%s); trying again", version, attempt, exc)
 
     async def _update(self, run: Session, groups: list[TaskGroup]) -> None:
         """One update: request it, wait for the gateways to drain, train, commit, publish."""

@@ -1,24 +1,22 @@
-"""The verl backend (`backend: verl`): the same task groups, trained by verl's FSDP workers on a GPU cluster.
+"""The verl backend (`backend: verl`): the same task groups, trained by verl's own FSDP workers on Ray.
 
-On a cluster the loop in `trainer/loop.py` stays as it is; only the update
-step changes hands (an `UpdateBackend`, see `trainer/backend.py`). Each batch
-of task groups becomes a verl `DataProto` in the layout verl's FSDP actor
-expects for multi-turn rollouts: the segment's
-opening prompt (left-padded) and everything after it as the "response",
-with `response_mask` off on the gaps (tool output, user turns) and on the
-model's own tokens; `old_log_probs` are the behaviour logprobs the gateway
-recorded, `advantages` the task-level ones, one per rollout broadcast (or per call, with credit per call).
-The config sends verl to FSDP workers (`actor_rollout_ref.actor`), vLLM
-rollout replicas that sleep during the update and wake with the new weights
-(`free_cache_engine`, `enable_sleep_mode`), and our per-task normalisation as
-token weights in `rollout_is_weights`.
-
-It cannot run here (no GPUs, no Ray cluster); the batch conversion, the config
-and the backend against a CPU stand-in worker group are tested on the CPU.
+The loop in `trainer/loop.py` stays as it is; only the update changes hands
+(an `UpdateBackend`, see `trainer/backend.py`). Each batch of task groups
+becomes verl's multi-turn layout, one row per segment: the opening prompt
+(left-padded) and everything after it as the "response", with
+`response_mask` off on the gaps (tool output, user turns);
+`behaviour_log_probs` are the logprobs the gateway recorded, `advantages`
+the task-level ones and `token_weights` the per-task normalisation. The
+workers (`trainer/verl_workers.py`) apply Tether's loss to it, so both
+backends optimise the same objective. After an update the checkpoint holds
+the weights as a Hugging Face folder (what the inference engines load) and
+the workers' sharded checkpoint under `actor/`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,25 +30,32 @@ from trainer import checkpoint
 from trainer.batch import _Piece, _pieces
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, UpdateFailed, WorkersLost
 from trainer.metrics import UpdateMetrics
 
+log = logging.getLogger("tether.trainer.verl")
 
-def to_verl(groups: list[TaskGroup], config: TrainerConfig, pad_id: int = 0) -> DataProto:
-    """One verl sample per segment: (prompt, response) with masks, behaviour logprobs and advantages."""
-    return _layout(_pieces(groups, config.normalise_by_std, config.loss_mode, config.credit, config.discount),
-                   config.temperature, pad_id)
+
+def to_verl(groups: list[TaskGroup], config: TrainerConfig, pad_id: int = 0, rows_multiple: int = 1) -> DataProto:
+    """One verl sample per segment: (prompt, response) with masks, behaviour logprobs and advantages. The rows
+    are made a multiple of `rows_multiple` (workers times mini-batches) with copies of the last that train nothing."""
+    pieces = _pieces(groups, config.normalise_by_std, config.loss_mode, config.credit, config.discount)
+    filler = dataclasses.replace(pieces[-1], mask=[0.0] * len(pieces[-1].mask), weight=0.0) if pieces else None
+    while filler and len(pieces) % rows_multiple:
+        pieces.append(filler)
+    return _layout(pieces, config.temperature, pad_id)
 
 
 def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataProto:
-    firsts = [next((i for i, m in enumerate(p.mask) if m), len(p.mask)) for p in pieces]  # first trainable target
+    # the first trainable target; a row with none (a filler) keeps its last target as a masked response
+    firsts = [next((i for i, m in enumerate(p.mask) if m), len(p.mask) - 1) for p in pieces]
     prompts = [p.tokens[:first + 1] for p, first in zip(pieces, firsts, strict=True)]
     prompt_len = max(len(x) for x in prompts)
     response_len = max(len(p.tokens) - first for p, first in zip(pieces, firsts, strict=True))
     n = len(pieces)
     t = {"prompts": torch.full((n, prompt_len), pad_id), "responses": torch.full((n, response_len), pad_id),
-         "response_mask": torch.zeros(n, response_len), "old_log_probs": torch.zeros(n, response_len),
-         "advantages": torch.zeros(n, response_len), "rollout_is_weights": torch.zeros(n, response_len),
+         "response_mask": torch.zeros(n, response_len), "behaviour_log_probs": torch.zeros(n, response_len),
+         "advantages": torch.zeros(n, response_len), "token_weights": torch.zeros(n, response_len),
          "attention_mask": torch.zeros(n, prompt_len + response_len, dtype=torch.long)}
     for i, (p, first) in enumerate(zip(pieces, firsts, strict=True)):
         prompt = prompts[i]
@@ -60,9 +65,9 @@ def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataPr
         span = slice(0, len(response))
         t["responses"][i, span] = torch.tensor(response)
         t["response_mask"][i, span] = torch.tensor(p.mask[first:])
-        t["old_log_probs"][i, span] = torch.tensor(p.behaviour[first:])
+        t["behaviour_log_probs"][i, span] = torch.tensor(p.behaviour[first:])
         t["advantages"][i, span] = torch.tensor(p.advantages[first:])
-        t["rollout_is_weights"][i, span] = p.weight
+        t["token_weights"][i, span] = p.weight
         t["attention_mask"][i, prompt_len - len(prompt):prompt_len + len(response)] = 1
     t["input_ids"] = torch.cat([t["prompts"], t["responses"]], dim=1)
     t["position_ids"] = (torch.cumsum(t["attention_mask"], dim=1) - 1).clamp(min=0)
@@ -96,68 +101,108 @@ def verl_config(config: TrainerConfig, n_gpus: int, nnodes: int = 1, rollout_tp:
     return OmegaConf.create(overrides)
 
 
-class ActorRolloutWorkers(Protocol):
-    """What the backend uses of verl's actor/rollout worker group (`RayPPOTrainer.actor_rollout_wg`)."""
+class ActorWorkers(Protocol):
+    """What the backend uses of verl's actor workers (`trainer/verl_workers.VerlWorkers`)."""
 
-    def update_actor(self, data: DataProto) -> DataProto: ...
+    world_size: int
+    rows_multiple: int  # rows per mini-batch must be a multiple of this (workers times rows per forward)
 
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None: ...
+    def log_probs(self, batch: DataProto) -> torch.Tensor: ...
 
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None: ...
+    def update(self, batch: DataProto, mini_batches: int, epochs: int) -> dict[str, Any]: ...
+
+    def export_weights(self, folder: Path) -> None: ...
+
+    def save_checkpoint(self, folder: Path, step: int) -> None: ...
+
+    def load_checkpoint(self, folder: Path) -> None: ...
+
+    def restart(self, found: Path | None) -> None: ...
+
+    def stop(self) -> None: ...
 
 
-def worker_metrics(output: DataProto) -> dict[str, float]:
-    """The workers' metrics as numbers: they report lists (one per micro-batch or step) or numbers."""
-    metrics: dict[str, Any] = output.meta_info.get("metrics", {})
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        if isinstance(value, list) and value:
-            out[key] = float(sum(value) / len(value))
-        elif isinstance(value, int | float):
-            out[key] = float(value)
-    return out
+def mean_of(value: Any) -> float:
+    """verl reports a metric as a number, or a list of them (one per mini-batch or rank)."""
+    if isinstance(value, list):
+        return float(sum(value) / len(value)) if value else 0.0
+    return float(value)
 
 
 ACTOR = "actor"  # the checkpoint's subfolder for the workers' sharded weights and optimiser
 
 
 class VerlBackend:
-    """An `UpdateBackend` on verl's FSDP workers. The worker group comes from verl's
-    `RayPPOTrainer.init_workers()` with `verl_config`; after `update_actor` the hybrid engine wakes the vLLM
-    replicas with the new weights. Checkpoints hold the workers' own (sharded) checkpoint under `actor/`, so
-    the run's checkpoint folder must be on storage every node sees."""
+    """An `UpdateBackend` on verl's FSDP workers. Checkpoints hold the workers' own (sharded) checkpoint under
+    `actor/`, so the run's checkpoint folder must be on storage every node sees."""
 
-    def __init__(self, config: TrainerConfig, workers: ActorRolloutWorkers) -> None:
+    def __init__(self, config: TrainerConfig, workers: ActorWorkers) -> None:
         self.config, self.workers = config, workers
 
     @classmethod
-    def open(cls, config: TrainerConfig, workers: ActorRolloutWorkers, found: Path | None) -> VerlBackend:
+    def open(cls, config: TrainerConfig, workers: ActorWorkers, found: Path | None) -> VerlBackend:
         """The backend, with the workers restored from the checkpoint `found` if there is one."""
         if found is not None:
-            workers.load_checkpoint(str(found / ACTOR))
+            workers.load_checkpoint(found / ACTOR)
         return cls(config, workers)
 
     def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+        try:
+            return self._update(groups, version)
+        except WorkersLost as exc:  # a worker died: the others are stuck in the process group with it
+            found = checkpoint.latest(self.config.run_dir)
+            log.warning("update of version %d failed (%s); restarting the workers from %s", version + 1, exc,
+                        found or self.config.model)
+            self.workers.restart(found / ACTOR if found else None)
+            raise UpdateFailed(f"the update of version {version + 1} failed and was not applied: {exc}") from exc
+
+    def _update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
         started = time.perf_counter()
-        pieces = _pieces(groups, self.config.normalise_by_std, self.config.loss_mode)
-        if not pieces:
+        c = self.config
+        if not _pieces(groups, c.normalise_by_std, c.loss_mode, c.credit, c.discount):
             return UpdateMetrics()
-        output = self.workers.update_actor(_layout(pieces, self.config.temperature))
-        reported = worker_metrics(output)
-        norms = output.meta_info.get("metrics", {}).get("actor/grad_norm", [])  # one per optimiser step
-        stale = [version - v for p in pieces for v, m in zip(p.versions, p.mask, strict=True) if m]
+        batch = to_verl(groups, c, rows_multiple=self.workers.rows_multiple * c.mini_batches)
+        t = batch.batch
+        if float(t["response_mask"].sum()) == 0:
+            return UpdateMetrics()
+        if c.epochs * c.mini_batches > 1:  # π_prox: the policy before the first step, as the torch learner takes it
+            t["prox_log_probs"] = self.workers.log_probs(batch)
+        if c.loss_mode == "per-task" and c.mini_batches > 1:
+            _scale_mini_batches(t, self.workers.world_size, c.mini_batches)
+        reported = self.workers.update(batch, c.mini_batches, c.epochs)
+        mask = t["response_mask"] > 0
+        stale = [version - v for g in groups for r in g.rollouts for s in r.segments
+                 for v, m in zip(s.weight_versions[1:], s.loss_mask[1:], strict=True) if m]
+        norms = reported.get("grad_norm", reported.get("actor/grad_norm", []))
         return UpdateMetrics(
-            loss=reported.get("actor/pg_loss", 0.0), entropy=reported.get("actor/entropy", 0.0),
-            clip_fraction=reported.get("actor/pg_clipfrac", 0.0), kl=reported.get("actor/kl_loss", 0.0),
-            grad_norm=reported.get("actor/grad_norm", 0.0), optimizer_steps=len(norms) if isinstance(norms, list)
-            else 1, tokens=int(sum(sum(p.mask) for p in pieces)), task_groups=len(groups),
-            staleness_mean=sum(stale) / len(stale) if stale else 0.0, staleness_max=float(max(stale, default=0)),
-            seconds=time.perf_counter() - started)
+            loss=mean_of(reported.get("actor/pg_loss", 0.0)), entropy=mean_of(reported.get("actor/entropy", 0.0)),
+            clip_fraction=mean_of(reported.get("actor/pg_clipfrac", 0.0)),
+            is_weight_mean=mean_of(reported.get("actor/is_weight_mean", 0.0)), grad_norm=mean_of(norms),
+            optimizer_steps=len(norms) if isinstance(norms, list) else 1, tokens=int(mask.sum()),
+            task_groups=len(groups), staleness_mean=sum(stale) / len(stale) if stale else 0.0,
+            staleness_max=float(max(stale, default=0)), seconds=time.perf_counter() - started)
 
     def stage(self, root: Path, state: TrainerState) -> Path:
         def write(folder: Path) -> None:
-            self.workers.save_checkpoint(str(folder / ACTOR), global_step=state.version)
+            self.workers.export_weights(folder)  # a Hugging Face folder: what the engines load
+            self.workers.save_checkpoint(folder / ACTOR, state.version)
 
         return checkpoint.stage(root, state, write)
+
+    def close(self) -> None:
+        self.workers.stop()
+
+
+def _scale_mini_batches(t: Any, world_size: int, mini_batches: int) -> None:
+    """Per-task weights sum to 1 over the batch; each optimiser step sees one mini-batch, so its weights are
+    scaled back to that mass, as the torch learner does. verl gives each worker a contiguous share of the rows
+    and each worker takes its mini-batches from its share in order."""
+    rows = t["token_weights"].shape[0]
+    share, per_mini = rows // world_size, rows // world_size // mini_batches
+    mass = (t["token_weights"] * t["response_mask"]).sum(-1)
+    total = float(mass.sum())
+    for j in range(mini_batches):
+        members = [w * share + j * per_mini + i for w in range(world_size) for i in range(per_mini)]
+        part = float(mass[members].sum())
+        if part > 0:
+            t["token_weights"][members] *= total / part
