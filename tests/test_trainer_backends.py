@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -57,8 +56,7 @@ def verl_workers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         yield workers, fresh
     finally:
-        workers.stop()
-        ray.shutdown()
+        workers.close()
 
 
 def exported(backend: VerlBackend, folder: Path) -> PreTrainedModel:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
 
 from schemas import topics
@@ -43,8 +44,10 @@ from tests.conftest import RunningEngine, gateway, serve_engine
 from tests.factories import synthetic_run
 from trainer import checkpoint
 from trainer.config import TrainerConfig, load_config
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, UpdateFailed
+from trainer.learner import TorchLearner
 from trainer.loop import Control, Trainer
+from trainer.metrics import UpdateMetrics
 
 
 def task_groups(run_id: str, n: int, seed: int = 0, prompt_tokens: int = 40) -> list[TaskGroup]:
@@ -66,13 +69,16 @@ def own_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield engine
 
 
+@pytest.mark.parametrize("backend", ["torch", "verl"])
 async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
-        bus: BusSettings, own_engine: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+        backend: str, bus: BusSettings, own_engine: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    """With `backend: verl` the loop starts verl's workers itself (two, on Ray) and loads their weights into the
+    engine from the checkpoint, as it does the torch learner's."""
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     with gateway(bus, own_engine, tiny_model, tmp_path / "gateway.log", run_id=run_id) as gw:
         async with EventProducer(bus) as producer:
             await producer.publish_many(task_groups(run_id, 2))
-        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
+        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt", backend=backend,
                                engine_url=own_engine.url, batch_groups=2, max_updates=1, zero_variance="keep")
         state = await Trainer(config, bus).run()
         assert state.version == 1 and len(state.trained) == 2
@@ -102,6 +108,51 @@ async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
                     if isinstance(received.event, ModelCall) and received.event.rollout_id == f"{run_id}-after":
                         assert received.event.weight_version == 1  # served by the new weights
                         break
+
+
+class FailsOnce:
+    """The torch learner, but its first update fails as the verl backend's does when a worker dies (the
+    workers restarted, nothing applied)."""
+
+    def __init__(self, learner: TorchLearner) -> None:
+        self.learner, self.failures = learner, 0
+
+    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+        if not self.failures:
+            self.failures += 1
+            raise UpdateFailed(f"the update of version {version + 1} failed and was not applied: worker lost")
+        return self.learner.update(groups, version)
+
+    def stage(self, root: Path, state: checkpoint.TrainerState) -> Path:
+        return self.learner.stage(root, state)
+
+    def close(self) -> None:
+        self.learner.close()
+
+
+async def test_an_update_the_backend_could_not_apply_is_aborted_and_requested_again(
+        bus: BusSettings, own_engine: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    with gateway(bus, own_engine, tiny_model, tmp_path / "gateway.log", run_id=run_id):
+        async with EventProducer(bus) as producer:
+            await producer.publish_many(task_groups(run_id, 2))
+        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
+                               engine_url=own_engine.url, batch_groups=2, max_updates=1, zero_variance="keep")
+        backend = FailsOnce(TorchLearner.load(config, torch.device("cpu"), None))
+        state = await Trainer(config, bus, backend=backend).run()
+        assert state.version == 1 and len(state.trained) == 2 and backend.failures == 1
+        events = await control_events(bus, run_id)
+    kinds = [(type(e).__name__, getattr(e, "version", None)) for e in events
+             if isinstance(e, UpdateRequested | GatewayDrained | UpdateAborted | TrainerStep | WeightVersionPublished)]
+    assert kinds == [("UpdateRequested", 1), ("GatewayDrained", 1), ("UpdateAborted", 1),  # the gateways resume
+                     ("UpdateRequested", 1), ("GatewayDrained", 1),  # and drain again for the retry
+                     ("TrainerStep", 1), ("WeightVersionPublished", 1)]
+    aborted = next(e for e in events if isinstance(e, UpdateAborted))
+    assert "worker lost" in aborted.reason
+    control = Control(run_id=run_id)
+    for e in events[:[type(e) for e in events].index(UpdateAborted) + 2]:
+        control.apply(e)
+    assert control.pending == 1  # requested again after its abort: pending, for a trainer restarted now
 
 
 def test_a_member_is_silent_once_its_lease_passes_and_heartbeats_and_drains_renew_it() -> None:

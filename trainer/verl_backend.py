@@ -121,6 +121,8 @@ class ActorWorkers(Protocol):
 
     def stop(self) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def mean_of(value: Any) -> float:
     """verl reports a metric as a number, or a list of them (one per mini-batch or rank)."""
@@ -190,7 +192,7 @@ class VerlBackend:
         return checkpoint.stage(root, state, write)
 
     def close(self) -> None:
-        self.workers.stop()
+        self.workers.close()
 
 
 def _scale_mini_batches(t: Any, world_size: int, mini_batches: int) -> None:

@@ -155,6 +155,7 @@ class VerlWorkers:
     def __init__(self, config: TrainerConfig, world_size: int) -> None:
         self.config, self.world_size = config, world_size
         self.rows_multiple = world_size * MICRO_BATCH
+        self.owns_ray = False  # whether `close` shuts Ray down (this process started it)
         self.cpu = verl_cpu.wanted()
         self.group: Any = self._spawn()  # verl adds the workers' methods to it at run time
 
@@ -163,11 +164,14 @@ class VerlWorkers:
         """Workers with the starting model; on a Ray cluster named by RAY_ADDRESS, else on a local one."""
         env = verl_cpu.worker_env() if verl_cpu.wanted() else {}
         os.environ.update(env)  # this process resolves verl's platform the same way as the workers
-        if not ray.is_initialized():
+        owned = not ray.is_initialized()
+        if owned:
             address = os.environ.get("RAY_ADDRESS")
             ray.init(address=address, num_cpus=None if address else max(world_size, os.cpu_count() or 1),
                      runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=False)
-        return cls(config, world_size)
+        workers = cls(config, world_size)
+        workers.owns_ray = owned
+        return workers
 
     def _spawn(self) -> Any:
         pool = self.pool = RayResourcePool([self.world_size], use_gpu=not self.cpu, max_colocate_count=1)
@@ -235,3 +239,8 @@ class VerlWorkers:
             groups: list[Any] = self.pool.pgs or []
             for pg in groups:
                 ray.util.remove_placement_group(pg)
+
+    def close(self) -> None:
+        self.stop()
+        if self.owns_ray:
+            ray.shutdown()
