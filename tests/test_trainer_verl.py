@@ -100,3 +100,20 @@ def test_selecting_a_backend_in_the_config(tmp_path: Path) -> None:
 def load_config_text(folder: Path, raw: dict[str, object]) -> TrainerConfig:
     (folder / "trainer.yaml").write_text(yaml.safe_dump(raw))
     return load_config(folder / "trainer.yaml")
+
+
+def test_the_cli_prints_the_config_verl_s_workers_get(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m", "backend": "verl",
+                                                           "workers": 8, "lr": 0.002}))
+    result = CliRunner().invoke(app, ["trainer", "verl-config", str(tmp_path / "trainer.yaml"), "--gpu"])
+    assert result.exit_code == 0, result.output
+    printed = OmegaConf.create(result.output)
+    assert printed.actor.optim.lr == 0.002 and printed.actor.ppo_mini_batch_size == 8
+    assert printed.model.override_config.attn_implementation == "flash_attention_2"
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m", "workers": "many"}))
+    result = CliRunner().invoke(app, ["trainer", "verl-config", str(tmp_path / "trainer.yaml")])
+    assert result.exit_code == 2 and "workers" in result.output

@@ -210,3 +210,23 @@ def trainer_run(
     if state.history:
         out = plot_history(state.history, cfg.run_dir / "updates.png", f"run {cfg.run_id}")
         typer.echo(f"{len(state.history)} updates, now version {state.version}; plot: {out}", err=True)
+
+
+@trainer_app.command("verl-config")
+def trainer_verl_config(
+    config: Annotated[Path, typer.Argument(help="The trainer's YAML file.")],
+    gpu: Annotated[bool, typer.Option(help="As on GPUs (bfloat16, flash attention); default: as this machine.")]
+    = False,
+) -> None:
+    """The `actor_rollout_ref` config verl's workers get with `backend: verl`: verl's own defaults, this run's
+    settings merged in (YAML on stdout)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from trainer.config import load_config as load_trainer_config
+    from trainer.errors import TrainerError
+    from trainer.verl_workers import actor_config
+
+    cfg = _config_or_exit(load_trainer_config, config, TrainerError)
+    cpu = not (gpu or torch.cuda.is_available())
+    typer.echo(OmegaConf.to_yaml(actor_config(cfg, cfg.workers, cpu=cpu), resolve=False))

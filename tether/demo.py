@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field
@@ -51,6 +51,8 @@ class DemoSettings(BaseSettings):
     kl_coef: float = 0.01
     epochs: int = Field(2, ge=1)
     mini_batches: int = Field(1, ge=1)
+    backend: Literal["torch", "verl"] = Field("torch", description="verl: the update on verl's own workers (Ray).")
+    workers: int = Field(2, ge=1, description="With backend verl: its data-parallel workers.")
     seed: int = 0
 
 
@@ -129,7 +131,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     stack_settings = StackSettings(run_id=settings.run_id, home=settings.home, model=warm, trainer={
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
         "kl_coef": settings.kl_coef, "epochs": settings.epochs, "mini_batches": settings.mini_batches,
-        "max_staleness": 2, "zero_variance": "drop"})
+        "max_staleness": 2, "zero_variance": "drop", "backend": settings.backend, "workers": settings.workers})
     stack = Stack(stack_settings)
     try:
         with console.status("tether up: Kafka, engine, gateway, processors, trainer..."):
