@@ -65,6 +65,7 @@ bench: setup harnesses
 	$(BIN)/python bench/async_vs_sync.py
 	$(BIN)/python bench/harness_clis.py
 	$(BIN)/python bench/long_prompts.py
+	$(BIN)/python bench/update_backends.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock

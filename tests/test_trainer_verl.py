@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from schemas.events import RolloutSample, Segment, TaskGroup
 from tests.factories import T0
 from trainer.config import TrainerConfig, load_config
-from trainer.errors import ConfigError, TrainerError
-from trainer.verl_backend import _scale_mini_batches, to_verl, verl_config
+from trainer.errors import ConfigError
+from trainer.verl_backend import _scale_mini_batches, to_verl
 from trainer.verl_workers import MICRO_BATCH, actor_config
 
 CONFIG = TrainerConfig(run_id="r", model=Path("m"), batch_groups=2, kl_coef=0.01)
@@ -41,16 +41,6 @@ def test_segments_become_verl_prompts_and_masked_responses() -> None:
     assert t["advantages"][0, 0] > 0 > t["advantages"][1, 0]
     assert t["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]]
     assert t["input_ids"].shape == (2, 6)
-
-
-def test_the_config_sends_verl_our_algorithm() -> None:
-    c = verl_config(CONFIG, n_gpus=8)
-    assert OmegaConf.select(c, "algorithm.adv_estimator") == "grpo"
-    assert OmegaConf.select(c, "actor_rollout_ref.actor.loss_agg_mode") == "token-sum"  # weights carry per-task
-    assert OmegaConf.select(c, "actor_rollout_ref.rollout.enable_sleep_mode") is True
-    assert OmegaConf.select(c, "actor_rollout_ref.actor.use_kl_loss") is True
-    with pytest.raises(TrainerError, match="GPU"):
-        verl_config(CONFIG, n_gpus=0)
 
 
 def test_rows_fill_up_to_a_multiple_with_rows_that_train_nothing() -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from verl import DataProto
 
 from schemas.events import TaskGroup
@@ -30,7 +29,7 @@ from trainer import checkpoint
 from trainer.batch import _Piece, _pieces
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
-from trainer.errors import TrainerError, UpdateFailed, WorkersLost
+from trainer.errors import UpdateFailed, WorkersLost
 from trainer.metrics import UpdateMetrics
 
 log = logging.getLogger("tether.trainer.verl")
@@ -73,32 +72,6 @@ def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataPr
     t["position_ids"] = (torch.cumsum(t["attention_mask"], dim=1) - 1).clamp(min=0)
     batch: DataProto = DataProto.from_dict(tensors=t, meta_info={"temperature": temperature})
     return batch
-
-
-def verl_config(config: TrainerConfig, n_gpus: int, nnodes: int = 1, rollout_tp: int = 1) -> DictConfig:
-    """Overrides of verl's ppo_trainer config for this run (merge onto verl's own defaults)."""
-    mode = {"per-task": "token-sum", "token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean"}
-    overrides: dict[str, Any] = {
-        "algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": config.normalise_by_std,
-                      "use_kl_in_reward": False},
-        "actor_rollout_ref": {
-            "model": {"path": str(config.model)},
-            "actor": {"strategy": "fsdp", "optim": {"lr": config.lr, "weight_decay": config.weight_decay},
-                      "grad_clip": config.max_grad_norm, "clip_ratio_low": config.clip_low,
-                      "clip_ratio_high": config.clip_high, "loss_agg_mode": mode[config.loss_mode],
-                      "use_kl_loss": config.kl_coef > 0, "kl_loss_coef": config.kl_coef,
-                      "kl_loss_type": "low_var_kl", "ppo_epochs": 1,
-                      "ppo_mini_batch_size": config.batch_groups},
-            "rollout": {"name": "vllm", "tensor_model_parallel_size": rollout_tp, "free_cache_engine": True,
-                        "enable_sleep_mode": True, "temperature": config.temperature,
-                        "calculate_log_probs": True},
-        },
-        "trainer": {"n_gpus_per_node": n_gpus, "nnodes": nnodes, "project_name": "tether",
-                    "experiment_name": config.run_id, "default_local_dir": str(config.run_dir / "verl")},
-    }
-    if n_gpus < 1:
-        raise TrainerError("the verl backend needs at least one GPU per node")
-    return OmegaConf.create(overrides)
 
 
 class ActorWorkers(Protocol):
