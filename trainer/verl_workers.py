@@ -61,8 +61,8 @@ def actor_config(config: TrainerConfig, world_size: int, cpu: bool) -> DictConfi
     dtype = "float32" if cpu else "bfloat16"
     overrides = {
         "model": {"path": str(config.model), "use_remove_padding": True, "enable_gradient_checkpointing": False,
-                  # flash attention (verl's default) exists on GPUs only
-                  "override_config": {"attn_implementation": "eager" if cpu else "flash_attention_2"}},
+                  # flash attention (verl's default) exists on GPUs only; sdpa handles packed rows on the CPU
+                  "override_config": {"attn_implementation": "sdpa" if cpu else "flash_attention_2"}},
         "actor": {
             "strategy": "fsdp2",  # FSDP1 rejects CPU parameters in sync_module_states
             "ppo_mini_batch_size": world_size, "ppo_micro_batch_size_per_gpu": MICRO_BATCH,
@@ -129,6 +129,8 @@ class TetherActorWorker(ActorRolloutRefWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if verl_cpu.active():
             initialize_global_process_group_ray(backend="gloo")
+            # Ray gives each worker one thread (OMP_NUM_THREADS=1); the machine's cores are the workers' to share
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
         super().__init__(*args, **kwargs)
 
     @_register(dispatch_mode=ONE_TO_ALL)
