@@ -84,6 +84,8 @@ def test_selecting_a_backend_in_the_config(tmp_path: Path) -> None:
         load_config(tmp_path / "trainer.yaml")
     verl = load_config_text(tmp_path, {"run_id": "r", "model": "m", "backend": "verl", "workers": 4})
     assert (verl.backend, verl.workers) == ("verl", 4)
+    with pytest.raises(ConfigError, match=r"kl_coef: the verl backend starts no reference workers"):
+        load_config_text(tmp_path, {"run_id": "r", "model": "m", "backend": "verl", "kl_coef": 0.01})
     with pytest.raises(ConfigError, match=r"workers: Input should be greater than or equal to 1"):
         load_config_text(tmp_path, {"run_id": "r", "model": "m", "backend": "verl", "workers": 0})
 

@@ -130,7 +130,8 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     (run_dir / "tasks.jsonl").write_text("".join(json.dumps(task(rng, i)) + "\n" for i in range(n_tasks)))
     stack_settings = StackSettings(run_id=settings.run_id, home=settings.home, model=warm, trainer={
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
-        "kl_coef": settings.kl_coef, "epochs": settings.epochs, "mini_batches": settings.mini_batches,
+        "kl_coef": settings.kl_coef if settings.backend == "torch" else 0.0,  # verl's has no reference workers
+        "epochs": settings.epochs, "mini_batches": settings.mini_batches,
         "max_staleness": 2, "zero_variance": "drop", "backend": settings.backend, "workers": settings.workers})
     stack = Stack(stack_settings)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.config_file import load_model
 from trainer.errors import ConfigError
@@ -50,6 +50,13 @@ class TrainerConfig(BaseModel):
     workers: int = Field(2, ge=1, description="With backend verl: data-parallel workers (one per GPU; CPU "
                                               "processes where there is none).")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _verl_has_no_reference(self) -> TrainerConfig:
+        if self.backend == "verl" and self.kl_coef > 0:
+            raise ValueError("kl_coef: the verl backend starts no reference workers, so it cannot apply a KL "
+                             "penalty; set kl_coef: 0 or use backend torch")
+        return self
 
     @property
     def run_dir(self) -> Path:
