@@ -1,8 +1,12 @@
-"""What the benchmarks share: a scratch folder with a broker of its own, and a plot saved next to the figures."""
+"""What the benchmarks share: a scratch folder with a broker of its own, engine and gateway processes, and a plot
+saved next to the figures."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -11,9 +15,11 @@ from rich.console import Console
 
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
-from infra.processes import free_port
+from infra.processes import free_port, wait_healthy
+from schemas.settings import BusSettings
 
 RESULTS = Path(__file__).parent / "results"
+SECRET, ADMIN = "bench-secret-key", "bench-admin-key"  # the gateways' the benchmarks start
 
 
 def scratch_broker(prefix: str) -> tuple[Path, KafkaBroker]:
@@ -45,3 +51,32 @@ def arguments(doc: str | None, plot: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS / plot, help="where the plot goes")
     return parser
+
+
+def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path
+                 ) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    if kind == "fake":
+        args = [sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(model), "--port", str(port)]
+        for reply in replies:
+            args += ["--reply", reply]
+    else:
+        args = [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)]
+    process = subprocess.Popen(args, stdout=(scratch / f"engine-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process, "the engine")
+    return url, process
+
+
+def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scratch: Path
+                  ) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine, "--tokenizer", str(model),
+         "--port", str(port), "--run-id", run_id],
+        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
+             "TETHER_GATEWAY_ADMIN_KEY": ADMIN},
+        stdout=(scratch / f"gateway-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process, "the gateway")
+    return url, process

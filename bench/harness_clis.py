@@ -37,20 +37,19 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from infra.processes import free_port, stop, wait_healthy
+from infra.processes import stop
 from schemas.admin import ensure_topics
 from schemas.events import ModelCall
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 from stream_processors.replay import read_run_events
 
-from _shared import arguments, pyplot, save, scratch_broker
+from _shared import ADMIN, SECRET, arguments, pyplot, save, scratch_broker, start_engine, start_gateway
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the scripted engine lives with the tests
 from tests.fakes.vllm import tool_call
 
 console = Console(width=max(140, shutil.get_terminal_size().columns))
-SECRET, ADMIN = "bench-secret-key", "bench-admin-key"
 NPM_BIN = Path(__file__).parent.parent / "examples" / "npm" / "node_modules" / ".bin"
 TASK = "Create a file hello.txt containing the word hi."
 CODEX_CONFIG = (Path(__file__).parent.parent / "examples" / "codex" / "config.toml").read_text()
@@ -82,35 +81,6 @@ class Cli:
 CLIS = (Cli("claude-code", (tool_call("Bash", {"command": "printf hi > hello.txt", "description": "Write it"}),
                             "Done.")),
         Cli("codex", (tool_call("exec_command", {"cmd": "printf hi > hello.txt"}), "Done.")))
-
-
-def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path
-                 ) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    if kind == "fake":
-        args = [sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(model), "--port", str(port)]
-        for reply in replies:
-            args += ["--reply", reply]
-    else:
-        args = [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)]
-    process = subprocess.Popen(args, stdout=(scratch / f"engine-{port}.log").open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, process, "the engine")
-    return url, process
-
-
-def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scratch: Path
-                  ) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine, "--tokenizer", str(model),
-         "--port", str(port), "--run-id", run_id],
-        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
-             "TETHER_GATEWAY_ADMIN_KEY": ADMIN},
-        stdout=(scratch / f"gateway-{port}.log").open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, process, "the gateway")
-    return url, process
 
 
 def server_seconds(gateway: str) -> tuple[float, float]:
