@@ -66,6 +66,7 @@ bench: setup harnesses
 	$(BIN)/python bench/harness_clis.py
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/update_backends.py
+	$(BIN)/python bench/episode_scaling.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock

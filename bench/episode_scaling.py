@@ -1,13 +1,13 @@
 """What an episode's length costs: bytes on tether.calls, processor CPU, join rate, lag and replay, by calls per
 episode.
 
-    .venv/bin/python bench/episode_scaling.py [--lengths 1 10 50 100] [--groups 4] [--step-tokens 300]
+    .venv/bin/python bench/episode_scaling.py [--lengths 1 10 50 100] [--groups 4] [--step-tokens 240]
 
 Episodes as a harness makes them, through the real gateway (FakeVLLM as the
 engine, the tiny model's tokenizer at a 32k context), Kafka and `tether
 processors run`: each call's prompt is the previous prompt, the previous
 answer and a tool output of about --step-tokens tokens, after a system prompt
-of about 1,000 (so 100 calls end near 31k tokens). The bench plays the
+of about 1,000 (so 100 calls end near 30k tokens). The bench plays the
 controller: it announces each rollout, seals it through the gateway and
 reports its end. Per episode length, --groups task groups of K=2:
 
@@ -16,8 +16,11 @@ reports its end. Per episode length, --groups task groups of K=2:
 - processor CPU per call (its process's user+system time over the phase);
 - lag from a group's last RolloutFinished to its TaskGroup, p50 and p99;
 - joined calls/s: the same events published again, as fast as the producer
-  goes, under new ids, until every group is out;
-- replay of the run from the topics: events/s and MB/s.
+  goes, under new ids (as many copies as make --join-calls calls), until
+  every group is out;
+- replay of the run from the topics: the run's events/s and MB/s. The topics
+  hold the shorter lengths' runs and their copies too, as a cluster's hold
+  other runs, and replay reads past them: later lengths read more.
 
 Prints the table; writes bench/results/episode_scaling.{png,json}.
 """
@@ -165,21 +168,23 @@ async def measure(length: int, args: Any, bus: BusSettings, gateway: str, tokeni
         per_episode = statistics.fmean(sum(s) for s in sizes.values())
         final = statistics.fmean(s[-1] for s in sizes.values())
 
-        again = [renamed(e, "-again") for e in events]
+        started = time.perf_counter()  # before the copies below are on the topics: they would be read too
+        read, rebuilt = await replay(bus, run_id, Policy())
+        replay_s = time.perf_counter() - started
+        assert len(rebuilt) == len(groups), (len(rebuilt), len(groups))
+
+        copies = max(1, min(args.join_copies, -(-args.join_calls // len(calls))))  # enough calls to time a rate
+        again = [renamed(e, f"-again{i}") for i in range(copies) for e in events]
         started = time.perf_counter()
         await producer.publish_many(again)
-        await watch.until([g + "-again" for g in groups])
+        await watch.until([f"{g}-again{i}" for i in range(copies) for g in groups])
         joined_s = time.perf_counter() - started
 
-    started = time.perf_counter()
-    read, rebuilt = await replay(bus, run_id, Policy())
-    replay_s = time.perf_counter() - started
-    assert len(rebuilt) == len(groups), (len(rebuilt), len(groups))
     prompts = [len(c.prompt_token_ids) for c in calls]
     return {"calls/episode": length, "final prompt tokens": float(max(prompts)),
             "KB/episode": per_episode / 1024, "x final call": per_episode / final,
             "processor CPU ms/call": cpu * 1000 / len(calls), "lag p50 ms": pct(lags, 0.5),
-            "lag p99 ms": pct(lags, 0.99), "joined calls/s": len(calls) / joined_s,
+            "lag p99 ms": pct(lags, 0.99), "joined calls/s": copies * len(calls) / joined_s,
             "replay events/s": len(read) / replay_s,
             "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s, "live s": live_s}
 
@@ -193,6 +198,15 @@ async def run_all(args: Any, bus: BusSettings, model: Path, processor: int, scra
     rows = []
     engine, engine_process = start_engine("fake", model, (REPLY,), scratch)
     try:
+        gateway, gateway_process = start_gateway(engine, model, bus, "scale-warm", scratch)
+        try:  # the processors' first group (their start-up) out of the figures
+            async with EventProducer(bus) as producer, httpx.AsyncClient(timeout=120) as client:
+                harness = Harness(gateway, producer, tokenizer, args.step_tokens, seed=0)
+                await asyncio.gather(*(harness.episode(client, "scale-warm", "scale-warm.g0", f"scale-warm.g0.r{k}",
+                                                       2, float(k)) for k in range(K)))
+            await watch.until(["scale-warm.g0"])
+        finally:
+            stop(gateway_process)
         for length in args.lengths:
             gateway, gateway_process = start_gateway(engine, model, bus, f"scale-{length}", scratch)
             try:
@@ -211,9 +225,11 @@ def main() -> None:
     parser = arguments(__doc__, "episode_scaling.png")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 10, 50, 100])
     parser.add_argument("--groups", type=int, default=4, help="task groups (of K=2) per length")
-    parser.add_argument("--step-tokens", type=int, default=300, help="tokens of tool output added per call")
+    parser.add_argument("--join-calls", type=int, default=2000, help="calls to publish again for the join rate")
+    parser.add_argument("--join-copies", type=int, default=100, help="at most this many copies of the run for it")
+    parser.add_argument("--step-tokens", type=int, default=240, help="tokens of tool output added per call")
     args = parser.parse_args()
-    if 1000 + max(args.lengths) * (args.step_tokens + 40) > 32768:
+    if 1100 + max(args.lengths) * (args.step_tokens * 1.1 + 40) > 32768:  # text re-encodes a little longer
         parser.error("the longest episode would not fit a 32k context: fewer --lengths or --step-tokens")
     from trainer.tiny_model import init_tiny
 
