@@ -80,3 +80,13 @@ def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scrat
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, process, "the gateway")
     return url, process
+
+
+def start_processors(bus: BusSettings, scratch: Path) -> subprocess.Popen[bytes]:
+    """`tether processors run` with the analytics sink on (chdb), its state and log under `scratch`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "processors", "run"],
+        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+             "TETHER_PROCESSOR_DATA_DIR": str(scratch / "proc"),
+             "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / 'clickhouse'}"},
+        stdout=(scratch / "processor.log").open("wb"), stderr=subprocess.STDOUT)

@@ -35,7 +35,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,17 @@ from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.replay import read_run_events, replay
 
-from _shared import ADMIN, SECRET, arguments, pyplot, save, scratch_broker, start_engine, start_gateway
+from _shared import (
+    ADMIN,
+    SECRET,
+    arguments,
+    pyplot,
+    save,
+    scratch_broker,
+    start_engine,
+    start_gateway,
+    start_processors,
+)
 
 console = Console(width=max(130, shutil.get_terminal_size().columns))
 K = 2
@@ -241,12 +250,7 @@ def main() -> None:
             broker.start()
             bus = BusSettings(bootstrap_servers=broker.bootstrap)
             asyncio.run(ensure_topics(bus))
-            processor = subprocess.Popen(
-                [sys.executable, "-m", "tether.cli", "processors", "run"],
-                env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": broker.bootstrap,
-                     "TETHER_PROCESSOR_DATA_DIR": str(scratch / "proc"),
-                     "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / 'clickhouse'}"},
-                stdout=(scratch / "processor.log").open("wb"), stderr=subprocess.STDOUT)
+            processor = start_processors(bus, scratch)
         rows = asyncio.run(run_all(args, bus, model, processor.pid, scratch))
     finally:
         if processor is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.replay import replay
 
-from _shared import arguments, pyplot, save, scratch_broker
+from _shared import arguments, pyplot, save, scratch_broker, start_processors
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the synthetic run generator lives with the tests
 from tests.factories import synthetic_run
@@ -141,12 +140,7 @@ def main() -> None:
             broker.start()
             bus = BusSettings(bootstrap_servers=broker.bootstrap)
             asyncio.run(ensure_topics(bus))
-            processor = subprocess.Popen(
-                [sys.executable, "-m", "tether.cli", "processors", "run"],
-                env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": broker.bootstrap,
-                     "TETHER_PROCESSOR_DATA_DIR": str(scratch / "proc"),
-                     "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / 'clickhouse'}"},
-                stdout=(scratch / "processor.log").open("wb"), stderr=subprocess.STDOUT)
+            processor = start_processors(bus, scratch)
         with Progress(console=console) as progress:
             r = asyncio.run(bench(bus, args, progress))
     finally:
