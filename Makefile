@@ -67,6 +67,7 @@ bench: setup harnesses
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/update_backends.py
 	$(BIN)/python bench/episode_scaling.py
+	$(BIN)/python bench/token_encoding.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
