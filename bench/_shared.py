@@ -4,10 +4,14 @@ saved next to the figures."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from rich.console import Console
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port, wait_healthy
+from schemas.admin import ensure_topics
 from schemas.settings import BusSettings
 
 RESULTS = Path(__file__).parent / "results"
@@ -82,11 +87,26 @@ def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scrat
     return url, process
 
 
-def start_processors(bus: BusSettings, scratch: Path) -> subprocess.Popen[bytes]:
-    """`tether processors run` with the analytics sink on (chdb), its state and log under `scratch`."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tether.cli", "processors", "run"],
-        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
-             "TETHER_PROCESSOR_DATA_DIR": str(scratch / "proc"),
-             "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / 'clickhouse'}"},
-        stdout=(scratch / "processor.log").open("wb"), stderr=subprocess.STDOUT)
+@contextmanager
+def kafka_and_processors(prefix: str) -> Iterator[tuple[Path, BusSettings, subprocess.Popen[bytes]]]:
+    """A scratch folder, its own broker with the topics, and `tether processors run` (the chdb sink on), for the
+    length of a `with` block; all of it gone afterwards."""
+    scratch, broker = scratch_broker(prefix)
+    processor: subprocess.Popen[bytes] | None = None
+    try:
+        broker.start()
+        bus = BusSettings(bootstrap_servers=broker.bootstrap)
+        asyncio.run(ensure_topics(bus))
+        processor = subprocess.Popen(
+            [sys.executable, "-m", "tether.cli", "processors", "run"],
+            env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+                 "TETHER_PROCESSOR_DATA_DIR": str(scratch / "proc"),
+                 "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / 'clickhouse'}"},
+            stdout=(scratch / "processor.log").open("wb"), stderr=subprocess.STDOUT)
+        yield scratch, bus, processor
+    finally:
+        if processor is not None:
+            processor.terminate()
+            processor.wait(60)
+        broker.stop()
+        shutil.rmtree(scratch, ignore_errors=True)

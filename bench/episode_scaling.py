@@ -34,7 +34,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,6 @@ from transformers import AutoTokenizer
 
 from infra.processes import stop
 from schemas import topics
-from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
 from schemas.events import Event, ModelCall, RolloutFinished, RolloutSealed, RolloutStarted, TaskGroup
 from schemas.producer import EventProducer
@@ -60,12 +58,11 @@ from _shared import (
     ADMIN,
     SECRET,
     arguments,
+    kafka_and_processors,
     pyplot,
     save,
-    scratch_broker,
     start_engine,
     start_gateway,
-    start_processors,
 )
 
 console = Console(width=max(130, shutil.get_terminal_size().columns))
@@ -242,22 +239,9 @@ def main() -> None:
         parser.error("the longest episode would not fit a 32k context: fewer --lengths or --step-tokens")
     from trainer.tiny_model import init_tiny
 
-    scratch, broker = scratch_broker("tether-episode-bench-")
-    processor: subprocess.Popen[bytes] | None = None
-    try:
-        with console.status("Kafka, the tiny model and the processors..."):
-            model = init_tiny(scratch / "tiny", context=32768)
-            broker.start()
-            bus = BusSettings(bootstrap_servers=broker.bootstrap)
-            asyncio.run(ensure_topics(bus))
-            processor = start_processors(bus, scratch)
+    with kafka_and_processors("tether-episode-bench-") as (scratch, bus, processor):
+        model = init_tiny(scratch / "tiny", context=32768)
         rows = asyncio.run(run_all(args, bus, model, processor.pid, scratch))
-    finally:
-        if processor is not None:
-            processor.terminate()
-            processor.wait(60)
-        broker.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
 
     table = Table(title=f"Episode length: {args.groups} groups x K={K} per length, through gateway, Kafka, processors")
     for column in rows[0]:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from schemas import topics
-from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer
 from schemas.events import Event, ModelCall, TaskGroup
 from schemas.producer import EventProducer
@@ -36,7 +34,7 @@ from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.replay import replay
 
-from _shared import arguments, pyplot, save, scratch_broker, start_processors
+from _shared import arguments, kafka_and_processors, pyplot, save
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the synthetic run generator lives with the tests
 from tests.factories import synthetic_run
@@ -133,22 +131,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="groups per second in the lag phase")
     args = parser.parse_args()
 
-    scratch, broker = scratch_broker("tether-pipeline-bench-")
-    processor: subprocess.Popen[bytes] | None = None
-    try:
-        with console.status("starting Kafka and the processor..."):
-            broker.start()
-            bus = BusSettings(bootstrap_servers=broker.bootstrap)
-            asyncio.run(ensure_topics(bus))
-            processor = start_processors(bus, scratch)
-        with Progress(console=console) as progress:
-            r = asyncio.run(bench(bus, args, progress))
-    finally:
-        if processor is not None:
-            processor.terminate()
-            processor.wait(60)
-        broker.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+    with kafka_and_processors("tether-pipeline-bench-") as (_, bus, _), Progress(console=console) as progress:
+        r = asyncio.run(bench(bus, args, progress))
 
     lags = sorted(r["lags_ms"])  # type: ignore[arg-type]
     seconds, calls = float(r["seconds"]), float(r["calls"])  # type: ignore[arg-type]
