@@ -39,10 +39,14 @@ def to_verl(groups: list[TaskGroup], config: TrainerConfig, pad_id: int = 0, row
     """One verl sample per segment: (prompt, response) with masks, behaviour logprobs and advantages. The rows
     are made a multiple of `rows_multiple` (workers times mini-batches) with copies of the last that train nothing."""
     pieces = _pieces(groups, config.normalise_by_std, config.loss_mode, config.credit, config.discount)
-    filler = dataclasses.replace(pieces[-1], mask=[0.0] * len(pieces[-1].mask), weight=0.0) if pieces else None
-    while filler and len(pieces) % rows_multiple:
-        pieces.append(filler)
-    return _layout(pieces, config.temperature, pad_id)
+    return _layout(_filled(pieces, rows_multiple), config.temperature, pad_id)
+
+
+def _filled(pieces: list[_Piece], rows_multiple: int) -> list[_Piece]:
+    if not pieces:
+        return pieces
+    filler = dataclasses.replace(pieces[-1], mask=[0.0] * len(pieces[-1].mask), weight=0.0)
+    return pieces + [filler] * (-len(pieces) % rows_multiple)
 
 
 def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataProto:
@@ -134,9 +138,10 @@ class VerlBackend:
     def _update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
         started = time.perf_counter()
         c = self.config
-        if not _pieces(groups, c.normalise_by_std, c.loss_mode, c.credit, c.discount):
+        pieces = _pieces(groups, c.normalise_by_std, c.loss_mode, c.credit, c.discount)
+        if not pieces:
             return UpdateMetrics()
-        batch = to_verl(groups, c, rows_multiple=self.workers.rows_multiple * c.mini_batches)
+        batch = _layout(_filled(pieces, self.workers.rows_multiple * c.mini_batches), c.temperature)
         t = batch.batch
         if float(t["response_mask"].sum()) == 0:
             return UpdateMetrics()
