@@ -17,6 +17,7 @@ from schemas import topics
 from schemas.security import ssl_context
 from schemas.settings import BusSettings
 from stream_processors.agents import Processors
+from stream_processors.recovery import Tables
 from stream_processors.settings import ProcessorSettings
 
 
@@ -70,6 +71,7 @@ def create_app(settings: ProcessorSettings) -> faust.App:
         # live worker in.
         broker_session_timeout=15.0,
         web_enabled=False,
+        TableManager=Tables,  # recovery that does not lose records waiting at a restart (stream_processors.recovery)
         key_serializer="raw",
         value_serializer="raw",  # our own encodings: Avro events, JSON table states
     )

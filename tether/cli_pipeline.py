@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import shutil
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -117,7 +118,13 @@ def processors_run(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with failing_cleanly():
         asyncio.run(ensure_topics(settings.bus, internal_topics(settings)))
-    Worker(create_app(settings), loglevel="warning", quiet=True).execute_from_commandline()
+    worker = Worker(create_app(settings), loglevel="info", quiet=True)
+    # Faust's progress spinner puts the root logger at DEBUG so that it spins on every record: every library's
+    # debug message was built and dropped (aiokafka writes several per request). The processors' own info shows.
+    worker.spinner = None
+    for name in ("faust", "mode", "aiokafka", "clickhouse_connect"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    worker.execute_from_commandline()
 
 
 def replay_run(
