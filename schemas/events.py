@@ -87,9 +87,19 @@ class ModelCall:
     finish_reason: str | None = None
     error: str | None = None
     turn_key: str | None = None
+    #: an earlier call of the rollout whose prompt and response this prompt starts with: then `prompt_token_ids`
+    #: are only the tokens after them, and `request_json` the middle of the request between `request_head` and
+    #: `request_tail` characters of that call's (`schemas.calls` makes a call whole again)
+    extends: str | None = None
+    request_head: int = 0
+    request_tail: int = 0
 
     def __post_init__(self) -> None:
         _require_ids(self, "call_id", "rollout_id", "run_id", "gateway_id")
+        _require(self.extends != self.call_id, self, "a call cannot extend itself")
+        _require(self.request_head >= 0 and self.request_tail >= 0, self, "request_head and request_tail must be >= 0")
+        _require(self.extends is not None or self.request_head == self.request_tail == 0, self,
+                 "request_head and request_tail need extends")
         _require(self.seq >= 0, self, f"seq must be >= 0, got {self.seq}")
         _require(self.choice_index >= 0, self, "choice_index must be >= 0")
         _require(self.weight_version >= 0, self, "weight_version must be >= 0")

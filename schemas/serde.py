@@ -32,8 +32,8 @@ def encode(event: Event, registry: Registry | None = None) -> bytes:
     out = BytesIO()
     out.write(MAGIC)
     out.write(schema.fingerprint)
-    datum = to_avro(event)
     try:
+        datum = to_avro(event, schema.parsed)
         _check_ranges(schema.parsed, datum)
         schemaless_writer(out, schema.hinted, datum)
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:

@@ -6,9 +6,10 @@ import json
 import struct
 from dataclasses import replace
 from io import BytesIO
+from typing import Any
 
 import pytest
-from fastavro import schemaless_writer
+from fastavro import schemaless_reader, schemaless_writer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -105,7 +106,8 @@ def test_truncated_and_padded_bodies_are_corrupt() -> None:
 def test_bytes_that_decode_to_an_invalid_event_are_corrupt() -> None:
     schema = default_registry().current(ev.RolloutSealed)
     body = BytesIO()
-    schemaless_writer(body, schema.parsed, {**to_avro(example(ev.RolloutSealed)), "call_ids": ["c", "c"]})
+    datum = {**to_avro(example(ev.RolloutSealed), schema.parsed), "call_ids": ["c", "c"]}
+    schemaless_writer(body, schema.parsed, datum)
     with pytest.raises(CorruptRecord, match="distinct"):
         decode(MAGIC + schema.fingerprint + body.getvalue())
 
@@ -127,3 +129,24 @@ def test_values_outside_the_schema_fail_to_encode() -> None:
         encode(replace(example(ev.ModelCall), seq=2**40))
     with pytest.raises(EncodeError, match="not an event"):
         encode(ev.Usage(prompt_tokens=1, completion_tokens=1))  # type: ignore[arg-type]
+
+
+def test_token_ids_and_logprobs_travel_packed_and_the_arrays_of_older_writers_are_left_empty() -> None:
+    call = replace(example(ev.ModelCall), prompt_token_ids=list(range(150_000, 151_000)))
+    schema = default_registry().current(ev.ModelCall)
+    datum: Any = schemaless_reader(BytesIO(encode(call)[HEADER_SIZE:]), schema.hinted, schema.hinted)
+    assert datum["prompt_token_ids"] == datum["response_token_ids"] == datum["response_logprobs"] == []
+    assert datum["prompt_token_ids_packed"] == struct.pack("<1000i", *call.prompt_token_ids)
+    assert datum["response_logprobs_packed"] == struct.pack("<2f", *call.response_logprobs)
+    group = example(ev.TaskGroup)
+    (segment,) = group.rollouts[0].segments
+    hinted = default_registry().current(ev.TaskGroup).hinted
+    datum = schemaless_reader(BytesIO(encode(group)[HEADER_SIZE:]), hinted, hinted)
+    packed = datum["rollouts"][0]["segments"][0]
+    assert packed["token_ids"] == [] and packed["loss_mask_packed"] == bytes(segment.loss_mask)
+    assert packed["weight_versions_packed"] == struct.pack("<3q", *segment.weight_versions)
+
+
+def test_a_token_id_past_int32_is_refused_as_avro_refuses_an_int() -> None:
+    with pytest.raises(EncodeError, match="ModelCall"):
+        encode(replace(example(ev.ModelCall), prompt_token_ids=[2**31]))
