@@ -57,11 +57,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     metrics, gate = Metrics(), Gate(settings.max_hold_s)
     own = OwnWrites()
     history = RolloutHistory(settings.bus, producer, window_s=RESTORE_WINDOW_S,
-                             name=f"gateway-{settings.gateway_id}-history")
+                             name=f"gateway-{settings.gateway_id}-history", tips=settings.extendable_calls)
     gateway = Gateway(gateway_id=settings.gateway_id, model=settings.model_name or await engines.model(),
                       renderer=Renderer(tokenizer), parser=parser_for(settings.tool_parser), engines=engines,
-                      recorder=Recorder(producer, own), rollouts=Rollouts(), gate=gate, metrics=metrics,
-                      history=history)
+                      recorder=Recorder(producer, own), rollouts=Rollouts(max_tips=settings.extendable_calls),
+                      gate=gate, metrics=metrics, history=history)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
                           on_version=gateway.set_version, heartbeat_s=settings.heartbeat_s)

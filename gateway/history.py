@@ -5,7 +5,8 @@ The gateway keeps a rollout's call order, acknowledged calls, seal and own
 turns in memory, but every part of it is on the topics: `RolloutStarted` on
 tether.rollouts says the rollout exists, each `ModelCall` on tether.calls
 carries its seq, its call id, and the exact ids and `turn_key` of the turn it
-produced, and `RolloutSealed` closes it. Both topics are keyed by rollout id,
+produced (with the call it extends: `schemas.calls` makes it whole), and
+`RolloutSealed` closes it. Both topics are keyed by rollout id,
 so one partition of each holds a rollout's whole history; a reader starts at
 the time the rollout could have begun (`since`) and reads to the end offsets
 taken when it starts, which every call any replica has acknowledged is below.
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from gateway.extends import Tip, tip
 from gateway.protocol.responses import RESPONSES, stored_id
 from schemas import topics
+from schemas.calls import MissingCall, Wholes
 from schemas.consumer import EventConsumer
 from schemas.events import Event, ModelCall, RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
@@ -38,12 +42,16 @@ class Recovered:
     sealed: bool = False
     turns: list[tuple[str, list[int]]] = field(default_factory=list)  # (turn_key, exact ids), in call order
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)  # kept answers: id → (request, response)
+    tips: list[Tip] = field(default_factory=list)  # acknowledged answers a new call may extend, oldest first
 
 
-def fold(rollout_id: str, history: Iterable[Event]) -> Recovered | None:
-    """The rollout's state from its events in log order; None if the log does not know it. Pure."""
+def fold(rollout_id: str, history: Iterable[Event], tips: int = 4) -> Recovered | None:
+    """The rollout's state from its events in log order, with its latest `tips` answers as tips; None if the log
+    does not know it. Pure."""
     state: Recovered | None = None
     turns: list[tuple[int, int, str, list[int]]] = []
+    wholes = Wholes()
+    answered: deque[ModelCall] = deque(maxlen=tips)
     for event in history:
         if not isinstance(event, RolloutStarted | ModelCall | RolloutSealed) or event.rollout_id != rollout_id:
             continue
@@ -51,12 +59,20 @@ def fold(rollout_id: str, history: Iterable[Event]) -> Recovered | None:
         if state.sealed:
             continue  # the seal listed the rollout's calls: a call stored after it is not part of it
         if isinstance(event, ModelCall):
+            try:
+                event = wholes.add(event)
+            except MissingCall:
+                pass  # what it extends is not on the log: it cannot be extended in turn, nor its answer kept
+            else:
+                if event.status == "ok":
+                    answered.append(event)
             state.next_seq = max(state.next_seq, event.seq + 1)
             if event.call_id not in state.acknowledged:
                 state.acknowledged.append(event.call_id)
             if event.status == "ok" and event.turn_key is not None:
                 turns.append((event.seq, event.choice_index, event.turn_key, event.response_token_ids))
-            kept = stored_id(event.response_json) if event.status == "ok" and event.api == RESPONSES else None
+            kept = (stored_id(event.response_json) if event.status == "ok" and event.api == RESPONSES
+                    and event.extends is None else None)
             if kept is not None:
                 state.answers[kept] = (event.request_json, event.response_json)
         elif isinstance(event, RolloutSealed):
@@ -64,14 +80,17 @@ def fold(rollout_id: str, history: Iterable[Event]) -> Recovered | None:
             state.acknowledged = list(event.call_ids)  # the seal is the rollout's record
     if state is not None:
         state.turns = [(key, ids) for _, _, key, ids in sorted(turns, key=lambda t: (t[0], t[1]))]
+        if not state.sealed:
+            state.tips = [tip(c.call_id, c.prompt_token_ids, c.response_token_ids, c.request_json) for c in answered]
     return state
 
 
 class RolloutHistory:
     """Reads one rollout's events from its partitions of tether.rollouts and tether.calls."""
 
-    def __init__(self, bus: BusSettings, deadletters: EventProducer, *, window_s: float, name: str) -> None:
-        self.bus, self.deadletters, self.window_s, self.name = bus, deadletters, window_s, name
+    def __init__(self, bus: BusSettings, deadletters: EventProducer, *, window_s: float, name: str,
+                 tips: int = 4) -> None:
+        self.bus, self.deadletters, self.window_s, self.name, self.tips = bus, deadletters, window_s, name, tips
         self._closing: set[asyncio.Task[None]] = set()
 
     async def read(self, rollout_id: str, since: float | None = None) -> Recovered | None:
@@ -90,7 +109,7 @@ class RolloutHistory:
             found = [r.event async for r in consumer.read_to_end(timeout_ms=100, wanted=lambda r: r.key == key)]
         finally:
             self._close_later(consumer)
-        return fold(rollout_id, found)
+        return fold(rollout_id, found, self.tips)
 
     def _close_later(self, consumer: EventConsumer) -> None:
         """Closed off the call's path: under uvloop, closing TLS connections waits for the brokers' close_notify,

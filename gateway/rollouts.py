@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gateway.errors import RolloutAlreadySealed, RolloutNotFound
+from gateway.extends import Tip
 from gateway.history import Recovered
 
 
@@ -36,6 +37,8 @@ class Rollout:
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: calls answered with an error because their events were not acknowledged in time (they may land later)
     unacknowledged: set[str] = field(default_factory=set)
+    #: the latest acknowledged answers, oldest first: what a new call's record may extend (gateway.extends)
+    tips: deque[Tip] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -44,18 +47,19 @@ class Rollout:
 class Rollouts:
     """Live rollouts, and the most recent `max_sealed` sealed ones (older ones are forgotten: 404, not 409)."""
 
-    def __init__(self, max_turns_per_rollout: int = 10_000, max_sealed: int = 100_000) -> None:
+    def __init__(self, max_turns_per_rollout: int = 10_000, max_sealed: int = 100_000, max_tips: int = 4) -> None:
         self._by_id: dict[str, Rollout] = {}
         self._sealed: deque[str] = deque()
         self.max_turns = max_turns_per_rollout
         self.max_sealed = max_sealed
+        self.max_tips = max_tips
 
     def register(self, rollout_id: str, run_id: str) -> Rollout:
         """Idempotent: registering again returns the same rollout (the controller may retry)."""
         existing = self._by_id.get(rollout_id)
         if existing is not None:
             return existing
-        rollout = self._by_id[rollout_id] = Rollout(rollout_id, run_id)
+        rollout = self._by_id[rollout_id] = Rollout(rollout_id, run_id, tips=deque(maxlen=self.max_tips))
         return rollout
 
     def restore(self, rollout_id: str, recovered: Recovered, since: float) -> Rollout:
@@ -64,7 +68,8 @@ class Rollouts:
         if existing is not None:
             return existing
         rollout = self._by_id[rollout_id] = Rollout(rollout_id, recovered.run_id, next_seq=recovered.next_seq,
-                                                    acknowledged=list(recovered.acknowledged), since=since)
+                                                    acknowledged=list(recovered.acknowledged), since=since,
+                                                    tips=deque(recovered.tips, maxlen=self.max_tips))
         if recovered.sealed:
             self._mark_sealed(rollout)
         else:
@@ -112,6 +117,10 @@ class Rollouts:
         if rollout.in_flight == 0:
             rollout.idle.set()
 
+    def remember_tip(self, rollout: Rollout, tip: Tip) -> None:
+        if self.max_tips:
+            rollout.tips.append(tip)
+
     def remember_turn(self, rollout: Rollout, key: str, token_ids: list[int]) -> None:
         if rollout.n_turns < self.max_turns:
             rollout.turns.setdefault(key, []).append(token_ids)
@@ -124,6 +133,7 @@ class Rollouts:
         await rollout.idle.wait()
         rollout.turns.clear()
         rollout.answers.clear()
+        rollout.tips.clear()
         return rollout
 
     def _mark_sealed(self, rollout: Rollout) -> None:

@@ -34,6 +34,7 @@ from gateway.chat import ChatRequest, Generation, TokenUsage, message_key
 from gateway.choices import Choices, Delta
 from gateway.engines import EnginePool
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
+from gateway.extends import Extension, extension, tip
 from gateway.gate import Gate
 from gateway.history import Recovered, RolloutHistory
 from gateway.metrics import Metrics
@@ -92,6 +93,7 @@ class _Attempt:
     received: datetime
     held_s: float
     prompt: list[int] = field(default_factory=list)
+    recorded: Extension | None = None  # how its prompt and request are recorded (against an earlier call)
     pending: list[str] = field(default_factory=list)  # its events sent to Kafka
     acknowledged: list[str] = field(default_factory=list)  # those Kafka acknowledged
 
@@ -240,6 +242,7 @@ class Gateway:
         """Render, generate, parse, record: the call's way when nothing fails."""
         call, rollout = attempt.call, attempt.rollout
         attempt.prompt = prompt = self._render(rollout, call.chat)
+        attempt.recorded = extension(rollout.tips, prompt, call.request_json)
         yield Started(len(prompt), attempt.call_id)
         engine_started = time.perf_counter()
         state = Choices(call.chat.sampling.n, self.parser.start_marker)
@@ -262,8 +265,9 @@ class Gateway:
         attempt.acknowledged = [r.call_id for r in records]
         if call.keep_as is not None:
             rollout.answers[call.keep_as] = (call.request_json, outcome.response_json)
-        for g in generations:
+        for g, record in zip(generations, records, strict=True):
             self.rollouts.remember_turn(rollout, message_key(g.content, g.tool_calls), g.token_ids)
+            self.rollouts.remember_tip(rollout, tip(record.call_id, prompt, g.token_ids, call.request_json))
         self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
         self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
         yield Finished(generations=generations, usage=usage, weight_version=version, body=body,
@@ -322,10 +326,12 @@ class Gateway:
 
     def _event(self, attempt: _Attempt, outcome: _Outcome, g: Generation, call_id: str) -> events.ModelCall:
         call, rollout, s, error = attempt.call, attempt.rollout, attempt.call.chat.sampling, outcome.error
+        recorded = attempt.recorded or Extension(None, attempt.prompt, 0, 0, call.request_json)
         return events.ModelCall(
             call_id=call_id, rollout_id=rollout.rollout_id, run_id=rollout.run_id, gateway_id=self.gateway_id,
-            seq=attempt.seq, choice_index=g.index, api=call.api, model=self.model, request_json=call.request_json,
-            response_json=outcome.response_json, prompt_token_ids=attempt.prompt, response_token_ids=g.token_ids,
+            seq=attempt.seq, choice_index=g.index, api=call.api, model=self.model, request_json=recorded.request,
+            extends=recorded.extends, request_head=recorded.request_head, request_tail=recorded.request_tail,
+            response_json=outcome.response_json, prompt_token_ids=recorded.prompt, response_token_ids=g.token_ids,
             response_logprobs=g.logprobs, weight_version=outcome.weight_version,
             sampling=events.Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens or 0,
                                      seed=s.seed),

@@ -66,6 +66,9 @@ class GatewaySettings(BaseSettings):
     heartbeat_s: float = Field(10.0, gt=0, description="How often GatewayJoined is repeated on tether.control: the "
                                                       "lease by which the trainer knows this gateway is alive.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    extendable_calls: int = Field(
+        4, ge=0, description="How many of a rollout's latest answers a new call's record may extend (recorded as "
+        "the difference: only the tokens and the part of the request it adds); 0 records every call whole.")
     engine_retries: int = Field(3, ge=0)
     engine_timeout_s: float = Field(600.0, gt=0)
     bus: BusSettings = Field(default_factory=BusSettings)

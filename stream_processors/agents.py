@@ -1,7 +1,8 @@
 """The processors' agents over one Faust app: join, group, time out partial groups, sink to analytics.
 
     tether.calls + tether.rollouts ──join──► <app>-complete (keyed by group) ──group──► tether.samples
-                 (table: rollouts)                                 (table: groups; timer: partial groups)
+        (table: rollouts; calls cached,                            (table: groups; timer: partial groups)
+         read back from tether.calls)
     calls, rollouts, samples, control ──sink──► ClickHouse
 
 The decisions are the pure steps of `pipeline`, `join` and `grouping`; this
@@ -22,13 +23,15 @@ import faust
 
 from schemas import topics
 from schemas.deadletters import Rejection, accept
-from schemas.events import Event, rollout_of, run_of
+from schemas.errors import BusError
+from schemas.events import Event, ModelCall, rollout_of, run_of
 from schemas.serde import encode
 from schemas.topics import key_for
+from stream_processors.call_store import CachedCalls, read_back
 from stream_processors.errors import AnalyticsError
 from stream_processors.grouping import GroupState, Policy, build
-from stream_processors.join import CompleteRollout, RolloutJoin
-from stream_processors.pipeline import group_step, rollout_step
+from stream_processors.join import CompleteRollout, RolloutJoin, call_of
+from stream_processors.pipeline import completed, group_step, rollout_step
 from stream_processors.settings import ProcessorSettings
 from stream_processors.sink import Sink, connect
 
@@ -44,6 +47,7 @@ class Counters:
     dead_lettered: int = 0
     groups: int = 0
     sink_failures: int = 0
+    read_back: int = 0  # rollouts whose calls were read back from tether.calls (after a restart or rebalance)
 
 
 class Processors:
@@ -66,6 +70,8 @@ class Processors:
         # that keys `-complete` by group id, so a group's changelog partition stays its source partition.
         self.groups = app.Table("groups", key_type=bytes, value_type=bytes, partitions=topics.SAMPLES.partitions,
                                 use_partitioner=True)
+        self.calls = CachedCalls(settings.call_cache_mb * 1024 * 1024)
+        self._read_back: set[str] = set()  # rollouts read back since this worker started: once is enough
         self.app = app
         self.counters = Counters()
         self._reported = Counters()
@@ -89,18 +95,50 @@ class Processors:
         return None
 
     async def join(self, stream: faust.StreamT[bytes]) -> None:
-        """Calls and rollout events into one state per rollout; a complete rollout goes on to its group."""
+        """Calls and rollout events into one state per rollout, calls kept apart; a complete rollout goes on to its
+        group. The state is written only when it changes: on lifecycle events and a rollout's first call."""
         async for event in stream.events():
             decoded = await self.accept(event, "join")
             rid = rollout_of(decoded) if decoded is not None and self.wanted(decoded) else None
             if decoded is None or rid is None:
                 continue
-            state = self.rollouts.get(rid.encode())
+            key = rid.encode()
+            state = self.rollouts.get(key)
             joined = RolloutJoin.loads(state) if state is not None else RolloutJoin(rid)
-            result = rollout_step(joined, decoded)
-            self.rollouts[rid.encode()] = joined.dumps()
+            offset = event.message.offset if isinstance(decoded, ModelCall) else None
+            changed, result = rollout_step(joined, self.calls, decoded, offset)
+            if result is None and joined.waiting_for_calls and rid not in self._read_back:
+                result = await self._recover(joined)
+                changed = changed or result is not None
+            if changed:
+                self.rollouts[key] = joined.dumps()
             if result is not None:
+                self._read_back.discard(rid)
                 await (await self.complete.send(key=result.group_id.encode(), value=result.dumps()))
+
+    async def _recover(self, joined: RolloutJoin) -> CompleteRollout | None:
+        """A rollout that lacks only calls: those read before a restart or a rebalance, or evicted from the
+        cache, are on tether.calls. Read once per worker: a sealed call still missing then was never stored
+        (its group goes out partial when it times out)."""
+        rid = joined.rollout_id
+        self._read_back.add(rid)
+        started = joined.started or {}
+        try:
+            found = await read_back(self.settings.bus, rid, first_call=joined.first_call,
+                                    started_at=started.get("started_at"), name=f"{self.settings.app_id}-read-back")
+        except BusError as exc:
+            self._read_back.discard(rid)  # the next event of the rollout tries again
+            log.error("rollout %s: its calls could not be read back from tether.calls: %s", rid, exc)
+            return None
+        self.counters.read_back += 1
+        for call in found:
+            self.calls.add(rid, call_of(call))
+        log.info("rollout %s: %d calls read back from tether.calls", rid, len(found))
+        result = completed(joined, self.calls)
+        if result is None:
+            log.warning("rollout %s is sealed and finished, but %d of its sealed calls are not on tether.calls",
+                        rid, len(joined.missing(self.calls.of(rid))))
+        return result
 
     async def group(self, stream: faust.StreamT[bytes]) -> None:
         """Complete rollouts into task groups; a group goes out once, then only its marker stays."""

@@ -6,8 +6,10 @@ controller replaces with a new one, so they never count; they are listed as
 dropped only in a partial group (one that timed out waiting, because a slot
 ran out of attempts or a rollout never completed). Failed and timed-out
 rollouts are dropped, or kept with a fill reward, by policy; either way the
-group records it. Everything is ordered by rollout id and stamped with the
-latest finish time, so the same rollouts always give the same bytes.
+group records it. A rollout whose record cannot be trained on (a call it
+cannot rebuild) counts, and is dropped with the reason, whatever the policy.
+Everything is ordered by rollout id and stamped with the latest finish time,
+so the same rollouts always give the same bytes.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def build(members: list[CompleteRollout], policy: Policy, partial: bool = False)
     kept: list[RolloutSample] = []
     dropped: list[DroppedRollout] = []
     for r in counted:
-        if r.status == "succeeded" and r.reward is not None:
+        if r.dropped is not None:
+            dropped.append(DroppedRollout(rollout_id=r.rollout_id, status=r.status, reason=r.dropped))
+        elif r.status == "succeeded" and r.reward is not None:
             kept.append(RolloutSample(rollout_id=r.rollout_id, reward=r.reward, status=r.status,
                                       segments=r.segments, step_rewards=r.step_rewards))
         elif policy.failed == "fill":

@@ -7,19 +7,34 @@ import json
 import time
 from collections.abc import Iterable
 
-from schemas.events import Event, TaskGroup, rollout_of, run_of
+from schemas.events import Event, ModelCall, TaskGroup, rollout_of, run_of
 from schemas.serde import decode, encode, to_jsonable
+from stream_processors.call_store import CallStore, MemoryCalls
 from stream_processors.grouping import GroupState, Policy, build, ready
-from stream_processors.join import CompleteRollout, RolloutJoin
+from stream_processors.join import CompleteRollout, RolloutJoin, call_of
 
 
-def rollout_step(join: RolloutJoin, event: Event) -> CompleteRollout | None:
-    """Apply one event; the rollout once it just became complete (the join keeps only a marker after)."""
-    join.apply(event)
-    if not join.complete:
+def rollout_step(join: RolloutJoin, calls: CallStore, event: Event, offset: int | None = None
+                 ) -> tuple[bool, CompleteRollout | None]:
+    """Apply one event (a call goes to `calls`, at `offset` of tether.calls when live): whether the join's state
+    changed, and the rollout once it just became complete."""
+    if join.done:
+        return False, None
+    changed = join.apply(event, offset)
+    if isinstance(event, ModelCall):
+        calls.add(join.rollout_id, call_of(event))
+    result = completed(join, calls)
+    return changed or result is not None, result
+
+
+def completed(join: RolloutJoin, calls: CallStore) -> CompleteRollout | None:
+    """The rollout if it is complete now; then the join keeps only a marker, and its calls are let go."""
+    held = calls.of(join.rollout_id)
+    if not join.complete(held):
         return None
-    result = join.result()
+    result = join.result(held)
     join.close()
+    calls.forget(join.rollout_id)
     return result
 
 
@@ -38,13 +53,14 @@ def group_step(group: GroupState, rollout: CompleteRollout, policy: Policy) -> T
 def rebuild(events: Iterable[Event], run_id: str, policy: Policy) -> list[TaskGroup]:
     """A run's task groups from its events in log order; groups that never became ready come out partial."""
     joins: dict[str, RolloutJoin] = {}
+    calls = MemoryCalls()
     groups: dict[str, GroupState] = {}
     out: list[TaskGroup] = []
     for event in events:
         rid = rollout_of(event)
         if rid is None or run_of(event) != run_id:
             continue
-        rollout = rollout_step(joins.setdefault(rid, RolloutJoin(rid)), event)
+        _, rollout = rollout_step(joins.setdefault(rid, RolloutJoin(rid)), calls, event)
         if rollout is not None:
             group = groups.setdefault(rollout.group_id, GroupState(rollout.group_id, time.time()))
             if (ready_group := group_step(group, rollout, policy)) is not None:

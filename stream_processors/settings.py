@@ -26,5 +26,8 @@ class ProcessorSettings(BaseSettings):
         "empty to turn the sink off.")
     sink_batch: int = Field(1000, ge=1, description="Rows per insert at most.")
     sink_flush_s: float = Field(1.0, gt=0, description="Insert at least this often while rows arrive.")
+    call_cache_mb: int = Field(
+        512, ge=1, description="Calls of open rollouts held in memory; past it the oldest rollouts' calls are "
+        "dropped, and read back from tether.calls when those rollouts complete.")
     data_dir: Path = Field(Path(".tether/processor"), description="Faust's local state.")
     bus: BusSettings = Field(default_factory=BusSettings)

@@ -153,9 +153,11 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
 
 def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, int] = (2, 5), seed: int = 0,
                   prompt_tokens: int = 300, response_tokens: int = 60, failing: float = 0.0,
-                  compacting: float = 0.0, vocab: int = 2000) -> list[Event]:
+                  compacting: float = 0.0, vocab: int = 2000, deltas: bool = False) -> list[Event]:
     """A run's events as gateway and controller write them: multi-call rollouts whose prompts extend each other
-    (or restart, for a compacting harness), seal, reward, finish. In production order, per rollout."""
+    (or restart, for a compacting harness), seal, reward, finish. In production order, per rollout. Calls are
+    whole, or with `deltas` recorded against the calls they extend, as the gateway records them."""
+    import json
     import random
 
     rng = random.Random(seed)
@@ -175,9 +177,12 @@ def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, i
                 response = [rng.randrange(3, vocab) for _ in range(rng.randint(1, response_tokens))]
                 cid = f"{rid}-c{seq}"
                 call_ids.append(cid)
+                messages = [{"role": "user", "content": " ".join(map(str, prompt[i:i + 40]))}
+                            for i in range(0, len(prompt), 40)]
                 out.append(ev.ModelCall(
                     call_id=cid, rollout_id=rid, run_id=run_id, gateway_id="gw", seq=seq, api="openai.chat",
-                    model="tiny", request_json="{}", response_json="{}", prompt_token_ids=list(prompt),
+                    model="tiny", request_json=json.dumps({"model": "tiny", "messages": messages, "max_tokens": 64}),
+                    response_json="{}", prompt_token_ids=list(prompt),
                     response_token_ids=response, response_logprobs=[-rng.random() for _ in response],
                     weight_version=g // 4, sampling=ev.Sampling(temperature=1.0, top_p=1.0, max_tokens=64, seed=None),
                     usage=ev.Usage(prompt_tokens=len(prompt), completion_tokens=len(response)), timings=timings))
@@ -188,4 +193,27 @@ def synthetic_run(run_id: str, groups: int, group_size: int, calls: tuple[int, i
             out.append(ev.RolloutFinished(rollout_id=rid, run_id=run_id, status="failed" if failed else "succeeded",
                                           duration_s=1.0, exit_code=1 if failed else 0, reward=reward,
                                           finished_at=T0.replace(second=g % 60)))
+    return as_recorded(out) if deltas else out
+
+
+def as_recorded(events: list[Event], tips: int = 4) -> list[Event]:
+    """The events with every call recorded as the gateway records it: against the longest of its rollout's latest
+    `tips` answers that its prompt extends (gateway.extends), whole if none."""
+    from collections import deque
+    from dataclasses import replace
+
+    from gateway.extends import Tip, extension, tip
+
+    latest: dict[str, deque[Tip]] = {}
+    out: list[Event] = []
+    for e in events:
+        if not isinstance(e, ev.ModelCall):
+            out.append(e)
+            continue
+        answers = latest.setdefault(e.rollout_id, deque(maxlen=tips))
+        x = extension(answers, e.prompt_token_ids, e.request_json)
+        out.append(replace(e, prompt_token_ids=x.prompt, extends=x.extends, request_head=x.request_head,
+                           request_tail=x.request_tail, request_json=x.request))
+        if e.status == "ok":
+            answers.append(tip(e.call_id, e.prompt_token_ids, e.response_token_ids, e.request_json))
     return out

@@ -52,6 +52,14 @@ def assert_one_episode(calls: list[ModelCall], sealed: list[str]) -> None:
         assert after.prompt_token_ids[:len(grown)] == grown, f"call {after.seq} does not extend call {before.seq}"
 
 
+def assert_recorded_as_deltas(events: list[ModelCall | RolloutSealed]) -> None:
+    """Every call after the first is recorded against the one before, whichever process served that one: a
+    gateway that restored the rollout from the log knows its latest answers as well as the one that served them."""
+    calls = sorted((e for e in events if isinstance(e, ModelCall)), key=lambda c: c.seq)
+    assert calls[0].extends is None
+    assert [c.extends for c in calls[1:]] == [c.call_id for c in calls[:-1]]
+
+
 async def announce(bus: BusSettings, run_id: str, rollout_id: str) -> None:
     """What the controller publishes before a harness starts."""
     async with EventProducer(bus) as producer:
@@ -81,6 +89,7 @@ def test_a_gateway_killed_mid_episode_serves_the_rollout_again(
         stop(gw.process)
     events = asyncio.run(recorded(bus, rollout_id, 6))
     assert_one_episode([e for e in events if isinstance(e, ModelCall)], sealed)
+    assert_recorded_as_deltas(asyncio.run(recorded(bus, rollout_id, 6, whole=False)))
     assert [e.call_ids for e in events if isinstance(e, RolloutSealed)] == [sealed]
     assert "restored rollout" in (tmp_path / "gw-2.log").read_text()
 
@@ -118,6 +127,7 @@ def test_a_rollout_moves_between_two_replicas_and_back(
     calls = [e for e in events if isinstance(e, ModelCall)]
     assert_one_episode(calls, sealed)
     assert len({c.gateway_id for c in calls}) == 2
+    assert_recorded_as_deltas(asyncio.run(recorded(bus, rollout_id, 7, whole=False)))
 
 
 def wait_until_forgotten(gw: RunningGateway, timeout_s: float = 10.0) -> None:
@@ -170,6 +180,8 @@ def test_the_fold_gives_the_next_seq_the_calls_and_the_turns(history: list[tuple
         assert not state.sealed and state.acknowledged == [c.call_id for c in calls]
         assert state.next_seq == len(calls)
         assert state.turns == [("k", [c.seq, c.seq + 1]) for c in calls if c.status == "ok"]
+        # the latest answers are what the next call's record may extend
+        assert [t.call_id for t in state.tips] == [c.call_id for c in calls if c.status == "ok"][-4:]
 
 
 def test_own_writes_are_recognised_once_and_bounded() -> None:

@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from schemas import topics
+from schemas.calls import Wholes
 from schemas.consumer import EventConsumer
 from schemas.events import ModelCall, RolloutSealed
 from schemas.producer import EventProducer
@@ -35,7 +36,9 @@ def sdk(gw: RunningGateway, token: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
 
 
-async def recorded(bus: BusSettings, rollout_id: str, wanted: int) -> list[ModelCall | RolloutSealed]:
+async def recorded(bus: BusSettings, rollout_id: str, wanted: int, whole: bool = True
+                   ) -> list[ModelCall | RolloutSealed]:
+    """The rollout's first `wanted` calls and seal as tether.calls holds them, calls made whole unless not `whole`."""
     found: list[ModelCall | RolloutSealed] = []
     async with EventProducer(bus) as p, EventConsumer(bus, [topics.CALLS], p) as consumer:
         async with asyncio.timeout(30):
@@ -43,7 +46,8 @@ async def recorded(bus: BusSettings, rollout_id: str, wanted: int) -> list[Model
                 found += [r.event for r in batch if isinstance(r.event, ModelCall | RolloutSealed)
                           and r.event.rollout_id == rollout_id]
                 if len(found) >= wanted:
-                    return found
+                    wholes = Wholes()
+                    return [wholes.add(e) if whole and isinstance(e, ModelCall) else e for e in found]
     raise AssertionError("unreachable")
 
 
@@ -152,6 +156,10 @@ def test_tool_calls_come_back_and_their_turns_are_reused(gateway_server: Running
     first, second = [c for c in asyncio.run(recorded(bus, rollout_id, 2)) if isinstance(c, ModelCall)]
     head = first.prompt_token_ids + first.response_token_ids
     assert second.prompt_token_ids[:len(head)] == head  # the model's own turn came back as its ids
+    # and so the second is recorded as what it adds to the first: the tokens after it, the request's new middle
+    stored = [c for c in asyncio.run(recorded(bus, rollout_id, 2, whole=False)) if isinstance(c, ModelCall)][1]
+    assert stored.extends == first.call_id and stored.prompt_token_ids == second.prompt_token_ids[len(head):]
+    assert len(stored.request_json) < len(second.request_json) and stored.request_head > 0
 
 
 def test_plain_completions(gateway_server: RunningGateway) -> None:

@@ -81,7 +81,7 @@ def processed(bus: BusSettings, tmp_path_factory: pytest.TempPathFactory) -> Pro
     """A run with out-of-order and duplicated events, bad records among them, and a group that never completes."""
     folder = tmp_path_factory.mktemp("processor")
     run_id, app_id = f"run-{uuid.uuid4().hex[:8]}", f"proc-{uuid.uuid4().hex[:6]}"
-    events = synthetic_run(run_id, groups=8, group_size=3, seed=11, failing=0.15, compacting=0.3)
+    events = synthetic_run(run_id, groups=8, group_size=3, seed=11, failing=0.15, compacting=0.3, deltas=True)
     stuck = next(e for e in events if isinstance(e, RolloutFinished) and e.rollout_id.endswith("task7.r2.a0"))
     events = [e for e in events if e is not stuck]  # group 7 waits forever for this rollout: partial after timeout
     garbage = {b"\x00 not avro " + run_id.encode(): "NotSingleObject",
@@ -168,7 +168,7 @@ def test_analytics_on_chdb(processed: Processed) -> None:
 
 def test_a_processor_killed_mid_stream_loses_and_doubles_nothing(bus: BusSettings, tmp_path: Path) -> None:
     run_id, app_id = f"run-{uuid.uuid4().hex[:8]}", f"proc-{uuid.uuid4().hex[:6]}"
-    events = synthetic_run(run_id, groups=40, group_size=4, seed=7, calls=(2, 4))
+    events = synthetic_run(run_id, groups=40, group_size=4, seed=7, calls=(2, 4), deltas=True)
     half = len(events) // 2
 
     async def scenario() -> tuple[list[tuple[TaskGroup, bool]], int]:
@@ -196,9 +196,10 @@ def test_a_processor_killed_mid_stream_loses_and_doubles_nothing(bus: BusSetting
 def test_a_restarted_processor_loses_none_of_the_records_waiting_for_it(bus: BusSettings, tmp_path: Path) -> None:
     """Records on the source topics when a processor starts are all processed: Faust's recovery lost some (half
     the runs of this test before stream_processors.recovery). A first group shows the first processor is
-    consuming; the others lack only their RolloutFinished, published while no processor runs."""
+    consuming; the others lack only their RolloutFinished, published while no processor runs. Their calls were
+    read by the first processor, which keeps them in memory only: the second reads them back from tether.calls."""
     run_id, app_id = f"run-{uuid.uuid4().hex[:8]}", f"proc-{uuid.uuid4().hex[:6]}"
-    events = synthetic_run(run_id, groups=4, group_size=2, seed=5, calls=(3, 5))
+    events = synthetic_run(run_id, groups=4, group_size=2, seed=5, calls=(3, 5), deltas=True)
     held = [e for e in events if isinstance(e, RolloutFinished) and not e.rollout_id.startswith(f"{run_id}.task0.")]
 
     async def scenario() -> list[TaskGroup]:
@@ -213,3 +214,6 @@ def test_a_restarted_processor_loses_none_of_the_records_waiting_for_it(bus: Bus
 
     groups = asyncio.run(scenario())
     assert content_hash(groups) == content_hash(rebuild(events, run_id, Policy()))
+    log = (tmp_path / f"{app_id}.log").read_text()
+    assert "sealed calls are not on tether.calls" not in log
+    assert log.count("calls read back from tether.calls") == 6  # the six rollouts that finished after the restart

@@ -34,7 +34,7 @@ def test_a_non_compacting_rollout_is_one_segment(calls: list[Call], rng: random.
     rng.shuffle(shuffled)
     (segment,) = assemble(shuffled)  # arrival order does not matter: seq does
     last = calls[-1]
-    assert segment.token_ids == last.prompt_token_ids + last.response_token_ids
+    assert segment.token_ids == [*last.prompt_token_ids, *last.response_token_ids]
     trained = [t for t, m in zip(segment.token_ids, segment.loss_mask, strict=True) if m]
     assert trained == [t for c in calls for t in c.response_token_ids]
     assert [lp for lp, m in zip(segment.logprobs, segment.loss_mask, strict=True) if not m] == \

@@ -23,7 +23,7 @@ from schemas.events import (
     TaskGroup,
 )
 from stream_processors.assembly import Call, assemble
-from stream_processors.join import RolloutJoin
+from stream_processors.join import RolloutJoin, call_of
 from tests.factories import T0, example
 from trainer.algorithms import call_advantages, call_returns, rollout_advantages
 from trainer.batch import build_batch, select
@@ -98,7 +98,7 @@ def test_the_join_keeps_step_rewards_of_the_sealed_calls_by_seq() -> None:
     for call_id, value in (("call-abc", 0.25), ("call-abc-0", 9.0), ("call-unknown", 5.0)):
         join.apply(RewardReported(rollout_id="r-1", run_id=call.run_id, reward=value, source="harness",
                                   call_id=call_id))
-    result = join.result()
+    result = join.result({call.call_id: call_of(call)})
     assert result.step_rewards == [StepReward(seq=3, reward=0.25)]  # named either way, the first counts
     assert join.reward is None  # a step reward is not the rollout's
     assert result.segments[0].spans == [CallSpan(seq=3, start=len(call.prompt_token_ids),

@@ -1,0 +1,59 @@
+"""Which earlier call of its rollout a new prompt extends, so that its record holds only the difference.
+
+A harness sends its whole conversation every call; the gateway renders it with
+the model's own turns reused token for token, so a prompt that continues an
+earlier call begins with exactly that call's prompt and response. The gateway
+keeps a digest of those tokens for the rollout's latest acknowledged calls
+(`Tip`); a new prompt that starts with one of them is recorded against the
+longest (`schemas.calls` says how, and rebuilds it). Only acknowledged calls
+are tips: one the log does not hold can never be extended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from schemas.calls import split_request
+
+
+@dataclass(frozen=True, slots=True)
+class Tip:
+    call_id: str
+    length: int  # tokens of its prompt and response
+    digest: bytes  # of those tokens, packed
+    request: str  # its whole request, which the next call's request is recorded against
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """How a call is recorded: the call it extends, the tokens after that call's, and the request's difference."""
+
+    extends: str | None
+    prompt: list[int]
+    request_head: int
+    request_tail: int
+    request: str
+
+
+def _digest(packed: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(packed, digest_size=16).digest()
+
+
+def tip(call_id: str, prompt: list[int], response: list[int], request: str) -> Tip:
+    return Tip(call_id, len(prompt) + len(response), _digest(array("i", prompt + response).tobytes()), request)
+
+
+def extension(tips: Iterable[Tip], prompt: list[int], request: str) -> Extension:
+    """The call recorded against the longest tip its prompt starts with; whole if it starts with none."""
+    packed: memoryview | None = None
+    for t in sorted(tips, key=lambda t: -t.length):
+        if t.length > len(prompt) or t.length == 0:
+            continue
+        packed = packed if packed is not None else memoryview(array("i", prompt).tobytes())
+        if _digest(packed[:t.length * 4]) == t.digest:
+            head, tail, middle = split_request(t.request, request)
+            return Extension(t.call_id, prompt[t.length:], head, tail, middle)
+    return Extension(None, prompt, 0, 0, request)
