@@ -16,6 +16,8 @@ from schemas.errors import InvalidEvent
 
 ROLLOUT_STATUSES = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost"})
 CALL_STATUSES = frozenset({"ok", "error"})
+_ROLLOUT_STATUS = f"status must be one of {sorted(ROLLOUT_STATUSES)}"
+_CALL_STATUS = f"status must be one of {sorted(CALL_STATUSES)}"
 
 
 def utcnow() -> datetime:
@@ -29,13 +31,14 @@ def _require(ok: bool, event: object, message: str) -> None:
 
 def _require_ids(event: object, *names: str) -> None:
     for name in names:
-        _require(bool(getattr(event, name)), event, f"{name} must not be empty")
+        if not getattr(event, name):  # the message is built only for a failure: events are built by the thousand
+            _require(False, event, f"{name} must not be empty")
 
 
 def _require_aware(event: object, *names: str) -> None:
     for name in names:
-        value = getattr(event, name)
-        _require(value.tzinfo is not None, event, f"{name} must be timezone-aware")
+        if getattr(event, name).tzinfo is None:
+            _require(False, event, f"{name} must be timezone-aware")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,15 +103,13 @@ class ModelCall:
         _require(self.request_head >= 0 and self.request_tail >= 0, self, "request_head and request_tail must be >= 0")
         _require(self.extends is not None or self.request_head == self.request_tail == 0, self,
                  "request_head and request_tail need extends")
-        _require(self.seq >= 0, self, f"seq must be >= 0, got {self.seq}")
+        _require(self.seq >= 0, self, "seq must be >= 0")
         _require(self.choice_index >= 0, self, "choice_index must be >= 0")
         _require(self.weight_version >= 0, self, "weight_version must be >= 0")
-        _require(self.status in CALL_STATUSES, self, f"status must be one of {sorted(CALL_STATUSES)}")
-        _require(
-            len(self.response_logprobs) == len(self.response_token_ids),
-            self,
-            f"{len(self.response_logprobs)} logprobs for {len(self.response_token_ids)} response tokens",
-        )
+        _require(self.status in CALL_STATUSES, self, _CALL_STATUS)
+        if len(self.response_logprobs) != len(self.response_token_ids):
+            _require(False, self, f"{len(self.response_logprobs)} logprobs for {len(self.response_token_ids)} "
+                     "response tokens")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,7 +179,7 @@ class RolloutFinished:
 
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id", "run_id")
-        _require(self.status in ROLLOUT_STATUSES, self, f"status must be one of {sorted(ROLLOUT_STATUSES)}")
+        _require(self.status in ROLLOUT_STATUSES, self, _ROLLOUT_STATUS)
         _require(self.duration_s >= 0, self, "duration_s must be >= 0")
         _require(self.reward is None or math.isfinite(self.reward), self, "reward must be finite")
         _require_aware(self, "finished_at")
@@ -229,7 +230,7 @@ class RolloutSample:
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id")
         _require(math.isfinite(self.reward), self, "reward must be finite")
-        _require(self.status in ROLLOUT_STATUSES, self, f"status must be one of {sorted(ROLLOUT_STATUSES)}")
+        _require(self.status in ROLLOUT_STATUSES, self, _ROLLOUT_STATUS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,12 +12,12 @@ from aiokafka.errors import KafkaError
 
 from schemas.access import authorization_error, refusal
 from schemas.errors import DeliveryError
-from schemas.events import Event
+from schemas.events import Event, run_of
 from schemas.lifecycle import Lifecycle
 from schemas.security import client_kwargs
 from schemas.serde import encode
 from schemas.settings import BusSettings
-from schemas.topics import key_for, topic_for
+from schemas.topics import RUN_HEADER, key_for, topic_for
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,11 @@ class Delivery:
     topic: str
     partition: int
     offset: int
+
+
+def run_headers(event: Event) -> list[tuple[str, bytes]] | None:
+    run = run_of(event)
+    return None if run is None else [(RUN_HEADER, run.encode())]
 
 
 class EventProducer(Lifecycle):
@@ -66,16 +71,21 @@ class EventProducer(Lifecycle):
         return delivery
 
     async def publish_many(self, batch: Sequence[Event]) -> list[Delivery]:
-        """Send all, then wait for every acknowledgement. Not atomic: on DeliveryError some may be stored."""
-        return await self.send_many([(topic_for(e).name, key_for(e), encode(e)) for e in batch])
+        """Send all, then wait for every acknowledgement. Not atomic: on DeliveryError some may be stored. Each
+        record carries its run in a header (`topics.RUN_HEADER`), so a reader of one run passes over the others'
+        without decoding them."""
+        return await self.send_many([(topic_for(e).name, key_for(e), encode(e)) for e in batch],
+                                    [run_headers(e) for e in batch])
 
-    async def send_many(self, records: Sequence[tuple[str, bytes | None, bytes]]) -> list[Delivery]:
+    async def send_many(self, records: Sequence[tuple[str, bytes | None, bytes]],
+                        headers: Sequence[list[tuple[str, bytes]] | None] | None = None) -> list[Delivery]:
         # aiokafka retries an idempotent batch until the broker takes it (never
         # expiring it), so a broker restart delays acks without duplicating
         # events; our own deadline only bounds how long the caller waits.
         try:
             async with asyncio.timeout(self._settings.delivery_timeout_s):
-                pending = [await self._producer.send(topic, value, key=key) for topic, key, value in records]
+                pending = [await self._producer.send(topic, value, key=key, headers=h)
+                           for (topic, key, value), h in zip(records, headers or [None] * len(records), strict=True)]
                 metas = await asyncio.gather(*pending)
         except (KafkaError, TimeoutError) as exc:
             denied = authorization_error(exc, self._settings, self._client_id, "write to")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas import events
 from schemas.errors import SchemaError, UnknownSchema
-from schemas.mapper import CLASSES, NAMESPACE
+from schemas.mapper import CLASSES, NAMESPACE, reader, writer
 
 AVSC_DIR = Path(__file__).parent / "avsc"
 EVENT_TYPES: tuple[type, ...] = typing.get_args(events.Event)
@@ -36,6 +37,9 @@ class SchemaVersion:
     #: `parsed` marked as parsed for fastavro (its hint keys added), so encoding and decoding skip re-parsing it:
     #: that was half of fastavro's time on a ModelCall
     hinted: dict[str, Any]
+    #: event → datum, and datum read with this schema as the reader's → event (schemas.mapper)
+    to_datum: Callable[[Any], Any] = field(repr=False, compare=False)
+    to_event: Callable[[Any], Any] = field(repr=False, compare=False)
 
 
 def load(path: Path) -> SchemaVersion:
@@ -51,6 +55,8 @@ def load(path: Path) -> SchemaVersion:
         fingerprint=bytes.fromhex(fingerprint(to_parsing_canonical_form(raw), "CRC-64-AVRO")),
         source=path,
         hinted=hinted,
+        to_datum=writer(parsed),
+        to_event=reader(parsed),
     )
 
 

@@ -16,7 +16,6 @@ from fastavro import schemaless_reader, schemaless_writer
 
 from schemas.errors import CorruptRecord, EncodeError, InvalidEvent, NotSingleObject, SchemaError
 from schemas.events import Event
-from schemas.mapper import from_avro, to_avro
 from schemas.registry import Registry, default_registry
 
 MAGIC = b"\xc3\x01"
@@ -33,7 +32,7 @@ def encode(event: Event, registry: Registry | None = None) -> bytes:
     out.write(MAGIC)
     out.write(schema.fingerprint)
     try:
-        datum = to_avro(event, schema.parsed)
+        datum = schema.to_datum(event)
         _check_ranges(schema.parsed, datum)
         schemaless_writer(out, schema.hinted, datum)
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
@@ -88,7 +87,7 @@ def decode(data: bytes, registry: Registry | None = None) -> Event:
     if body.tell() != len(data):
         raise CorruptRecord(f"{writer.name}: {len(data) - body.tell()} trailing bytes after the body")
     try:
-        event: Event = from_avro(reader.parsed, datum)
+        event: Event = reader.to_event(datum)
     except (InvalidEvent, TypeError, KeyError) as exc:
         raise CorruptRecord(f"{writer.name} decodes to an invalid event: {exc}") from exc
     return event

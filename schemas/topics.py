@@ -7,6 +7,7 @@ rebuilds everything else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka.partitioner import murmur2
@@ -15,6 +16,9 @@ from schemas import events
 from schemas.events import Event
 
 MiB = 1024 * 1024
+#: The record header that names an event's run: readers of one run skip the others' records undecoded. Only a
+#: hint: records written before it, and by Faust's agents, have none, and are decoded.
+RUN_HEADER = "tether-run"
 
 
 @dataclass(frozen=True)
@@ -79,3 +83,11 @@ def key_for(event: Event) -> bytes | None:
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's default placement (Java client's murmur2), so every client in any language agrees."""
     return int(murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def run_in_header(headers: Sequence[tuple[str, bytes]] | None) -> str | None:
+    """The run a record's header names, if it has one."""
+    for name, value in headers or ():
+        if name == RUN_HEADER:
+            return value.decode(errors="replace")
+    return None

@@ -7,12 +7,18 @@ from pathlib import Path
 from rich.progress import Progress
 
 from schemas import topics
-from schemas.consumer import EventConsumer
+from schemas.consumer import EventConsumer, Record
 from schemas.events import Event, TaskGroup, run_of
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
+from schemas.topics import run_in_header
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import canonical, rebuild
+
+
+def ours(record: Record, run_id: str) -> bool:
+    """Whether a record may be the run's: another run's, by its header, is passed over undecoded."""
+    return run_in_header(record.headers) in (None, run_id)
 
 
 async def read_run_events(bus: BusSettings, run_id: str, progress: Progress | None = None) -> list[Event]:
@@ -26,7 +32,8 @@ async def read_run_events(bus: BusSettings, run_id: str, progress: Progress | No
             if progress is not None and shown is not None:
                 progress.update(shown, completed=done, total=total)
 
-        found.extend([r.event async for r in consumer.read_to_end(progress=show) if run_of(r.event) == run_id])
+        found.extend([r.event async for r in consumer.read_to_end(progress=show, wanted=lambda r: ours(r, run_id))
+                      if run_of(r.event) == run_id])
     return found
 
 

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -181,3 +181,34 @@ async def test_a_reader_of_one_key_assigns_its_partition_seeks_by_time_and_decod
             assert got == mine and consumer.dead_lettered == 0  # the other key's garbage was never decoded
             await consumer.seek_to_time(tp, int((time.time() + 3600) * 1000))  # nothing that late: the end
             assert [r async for r in consumer.read_to_end()] == []
+
+
+async def test_a_run_s_replay_passes_over_other_runs_records_by_their_header(bus: BusSettings, run_id: str) -> None:
+    """Each published record names its run in a header; a replay decodes only its own run's (and records with
+    no header, as older writers left them). A record of another run that would not even decode is passed over."""
+    from stream_processors.replay import read_run_events
+
+    ours, theirs = example(RolloutStarted, run_id=run_id), example(RolloutStarted, run_id=f"{run_id}-other")
+    garbage = b"\x00 not avro " + run_id.encode()
+    async with EventProducer(bus) as producer:
+        await producer.publish_many([ours, theirs])
+        await producer.send_many([(topics.ROLLOUTS.name, b"r-1", garbage)],
+                                 [[(topics.RUN_HEADER, f"{run_id}-other".encode())]])
+    raw = AIOKafkaConsumer(topics.ROLLOUTS.name, bootstrap_servers=bus.bootstrap_servers,
+                           auto_offset_reset="earliest", enable_auto_commit=False)
+    await raw.start()
+    try:
+        headers: dict[bytes, str | None] = {}
+        async with asyncio.timeout(60):
+            while len(headers) < 3:
+                for records in (await raw.getmany(timeout_ms=500)).values():
+                    headers.update({r.value: topics.run_in_header(r.headers) for r in records
+                                    if r.value in (encode(ours), encode(theirs), garbage)})
+    finally:
+        await raw.stop()
+    assert list(headers.values()) == [run_id, f"{run_id}-other", f"{run_id}-other"]
+    assert await read_run_events(bus, run_id) == [ours]
+    async with EventProducer(bus) as deadletters, \
+            EventConsumer(bus, [topics.DEADLETTER], deadletters) as consumer:
+        letters = [r.event async for r in consumer.read_to_end()]
+    assert not any(isinstance(d, DeadLetter) and d.value == garbage for d in letters)  # never decoded, never judged
