@@ -73,18 +73,29 @@ def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path
     return url, process
 
 
-def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scratch: Path
-                  ) -> tuple[str, subprocess.Popen[bytes]]:
+def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scratch: Path,
+                  env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "tether.cli", "gateway", "serve", "--engine", engine, "--tokenizer", str(model),
          "--port", str(port), "--run-id", run_id],
         env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
-             "TETHER_GATEWAY_ADMIN_KEY": ADMIN},
+             "TETHER_GATEWAY_ADMIN_KEY": ADMIN, **(env or {})},
         stdout=(scratch / f"gateway-{port}.log").open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, process, "the gateway")
     return url, process
+
+
+def start_processor(bus: BusSettings, scratch: Path, worker: int = 0) -> subprocess.Popen[bytes]:
+    """`tether processors run`, the chdb sink on; further workers of the same app share its partitions (the sink's
+    chdb folder is each worker's own: chdb holds it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "processors", "run"],
+        env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
+             "TETHER_PROCESSOR_DATA_DIR": str(scratch / f"proc-{worker}"),
+             "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / f'clickhouse-{worker}'}"},
+        stdout=(scratch / f"processor-{worker}.log").open("wb"), stderr=subprocess.STDOUT)
 
 
 @contextmanager
@@ -97,12 +108,7 @@ def kafka_and_processors(prefix: str) -> Iterator[tuple[Path, BusSettings, subpr
         broker.start()
         bus = BusSettings(bootstrap_servers=broker.bootstrap)
         asyncio.run(ensure_topics(bus))
-        processor = subprocess.Popen(
-            [sys.executable, "-m", "tether.cli", "processors", "run"],
-            env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
-                 "TETHER_PROCESSOR_DATA_DIR": str(scratch / "proc"),
-                 "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / 'clickhouse'}"},
-            stdout=(scratch / "processor.log").open("wb"), stderr=subprocess.STDOUT)
+        processor = start_processor(bus, scratch)
         yield scratch, bus, processor
     finally:
         if processor is not None:

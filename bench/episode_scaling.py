@@ -1,7 +1,9 @@
 """What an episode's length costs: bytes on tether.calls, processor CPU, join rate, lag and replay, by calls per
-episode.
+episode, with calls recorded as deltas (the gateway's default) and whole, side by side; then the join with two
+processor workers against one.
 
     .venv/bin/python bench/episode_scaling.py [--lengths 1 10 50 100] [--groups 4] [--step-tokens 240]
+                                              [--record deltas whole] [--scale-calls 6000]
 
 Episodes as a harness makes them, through the real gateway (FakeVLLM as the
 engine, the tiny model's tokenizer at a 32k context), Kafka and `tether
@@ -9,10 +11,14 @@ processors run`: each call's prompt is the previous prompt, the previous
 answer and a tool output of about --step-tokens tokens, after a system prompt
 of about 1,000 (so 100 calls end near 30k tokens). The bench plays the
 controller: it announces each rollout, seals it through the gateway and
-reports its end. Per episode length, --groups task groups of K=2:
+reports its end. Per episode length and way of recording (a gateway with
+TETHER_GATEWAY_EXTENDABLE_CALLS=0 records every call whole), --groups task
+groups of K=2:
 
 - bytes per episode on tether.calls (the encoded ModelCall events), and that
-  over the last call's own event (the final context alone);
+  over what the final context alone takes: the last call's whole prompt and
+  response as int32 ids, a float32 logprob for each token the episode
+  generated, and the last request's text (the whole conversation);
 - processor CPU per call (its process's user+system time over the phase);
 - lag from a group's last RolloutFinished to its TaskGroup, p50 and p99;
 - joined calls/s: the same events published again, as fast as the producer
@@ -22,7 +28,12 @@ reports its end. Per episode length, --groups task groups of K=2:
   hold the shorter lengths' runs and their copies too, as a cluster's hold
   other runs, and replay reads past them: later lengths read more.
 
-Prints the table; writes bench/results/episode_scaling.{png,json}.
+Then scale-out, on the 10-call episodes recorded as deltas: --scale-calls calls
+published again at once (joined calls/s), and again at half the rate one worker
+joined (lag from a group's last event acknowledged to its TaskGroup), with one
+processor worker, then with a second one of the same app sharing the partitions.
+
+Prints the tables; writes bench/results/episode_scaling.{png,json}.
 """
 
 from __future__ import annotations
@@ -45,6 +56,8 @@ from transformers import AutoTokenizer
 
 from infra.processes import stop
 from schemas import topics
+from schemas.admin import admin_client
+from schemas.calls import whole
 from schemas.consumer import EventConsumer
 from schemas.events import Event, ModelCall, RolloutFinished, RolloutSealed, RolloutStarted, TaskGroup
 from schemas.producer import EventProducer
@@ -63,6 +76,7 @@ from _shared import (
     save,
     start_engine,
     start_gateway,
+    start_processor,
 )
 
 console = Console(width=max(130, shutil.get_terminal_size().columns))
@@ -146,12 +160,29 @@ def renamed(event: Event, suffix: str) -> Event:
                                for name in ("run_id", "rollout_id", "call_id", "group_id") if name in fields}
     if isinstance(event, RolloutSealed):
         changes["call_ids"] = [c + suffix for c in event.call_ids]
+    if isinstance(event, ModelCall) and event.extends is not None:
+        changes["extends"] = event.extends + suffix
     return dataclasses.replace(event, **changes)
 
 
-async def measure(length: int, args: Any, bus: BusSettings, gateway: str, tokenizer: Any, processor: int,
-                  watch: Watch) -> dict[str, float]:
-    run_id = f"scale-{length}"
+def final_context_bytes(calls: list[ModelCall]) -> float:
+    """What one episode's final context takes alone, per episode on average: its last call's whole prompt and
+    response as int32 ids, a float32 logprob per generated token, and its last request's text."""
+    episodes: dict[str, list[ModelCall]] = {}
+    for c in whole(calls):
+        episodes.setdefault(c.rollout_id, []).append(c)
+    sizes = []
+    for episode in episodes.values():
+        last = max(episode, key=lambda c: c.seq)
+        generated = sum(len(c.response_token_ids) for c in episode)
+        sizes.append(4 * (len(last.prompt_token_ids) + len(last.response_token_ids)) + 4 * generated
+                     + len(last.request_json.encode()))
+    return statistics.fmean(sizes)
+
+
+async def measure(length: int, way: str, args: Any, bus: BusSettings, gateway: str, tokenizer: Any,
+                  processor: int, watch: Watch) -> tuple[dict[str, Any], list[Event]]:
+    run_id = f"scale-{way}-{length}"
     groups = [f"{run_id}.g{g}" for g in range(args.groups)]
     async with EventProducer(bus) as producer, httpx.AsyncClient(timeout=120) as client:
         harness = Harness(gateway, producer, tokenizer, args.step_tokens, seed=length)
@@ -168,11 +199,11 @@ async def measure(length: int, args: Any, bus: BusSettings, gateway: str, tokeni
 
         events = await read_run_events(bus, run_id)
         calls = [e for e in events if isinstance(e, ModelCall)]
-        sizes: dict[str, list[int]] = {}
-        for c in sorted(calls, key=lambda c: c.seq):
-            sizes.setdefault(c.rollout_id, []).append(len(encode(c)))
-        per_episode = statistics.fmean(sum(s) for s in sizes.values())
-        final = statistics.fmean(s[-1] for s in sizes.values())
+        sizes: dict[str, int] = {}
+        for c in calls:
+            sizes[c.rollout_id] = sizes.get(c.rollout_id, 0) + len(encode(c))
+        per_episode = statistics.fmean(sizes.values())
+        final = final_context_bytes(calls)
 
         started = time.perf_counter()  # before the copies below are on the topics: they would be read too
         read, rebuilt = await replay(bus, run_id, Policy())
@@ -186,22 +217,23 @@ async def measure(length: int, args: Any, bus: BusSettings, gateway: str, tokeni
         await watch.until([f"{g}-again{i}" for i in range(copies) for g in groups])
         joined_s = time.perf_counter() - started
 
-    prompts = [len(c.prompt_token_ids) for c in calls]
-    return {"calls/episode": length, "final prompt tokens": float(max(prompts)),
-            "KB/episode": per_episode / 1024, "x final call": per_episode / final,
+    prompts = [c.usage.prompt_tokens for c in calls]
+    return {"calls/episode": length, "recorded": way, "final prompt tokens": float(max(prompts)),
+            "KB/episode": per_episode / 1024, "x final context": per_episode / final,
             "processor CPU ms/call": cpu * 1000 / len(calls), "lag p50 ms": pct(lags, 0.5),
             "lag p99 ms": pct(lags, 0.99), "joined calls/s": copies * len(calls) / joined_s,
             "replay events/s": len(read) / replay_s,
-            "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s, "live s": live_s}
+            "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s, "live s": live_s}, events
 
 
-async def run_all(args: Any, bus: BusSettings, model: Path, processor: int, scratch: Path
-                  ) -> list[dict[str, float]]:
+async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scratch: Path
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tokenizer = AutoTokenizer.from_pretrained(model)
     watch = Watch(bus)
     watcher = asyncio.create_task(watch.run())
     await asyncio.sleep(2.0)  # at the end of tether.samples before anything is published
-    rows = []
+    rows: list[dict[str, Any]] = []
+    scaling: list[dict[str, Any]] = []
     engine, engine_process = start_engine("fake", model, (REPLY,), scratch)
     try:
         gateway, gateway_process = start_gateway(engine, model, bus, "scale-warm", scratch)
@@ -213,27 +245,98 @@ async def run_all(args: Any, bus: BusSettings, model: Path, processor: int, scra
             await watch.until(["scale-warm.g0"])
         finally:
             stop(gateway_process)
+        ten: list[Event] = []
         for length in args.lengths:
-            gateway, gateway_process = start_gateway(engine, model, bus, f"scale-{length}", scratch)
-            try:
-                rows.append(await measure(length, args, bus, gateway, tokenizer, processor, watch))
-            finally:
-                stop(gateway_process)
-            console.print(" ".join(f"{k} {v:,.1f}" for k, v in rows[-1].items()))
+            for way in args.record:
+                env = {"TETHER_GATEWAY_EXTENDABLE_CALLS": "0"} if way == "whole" else {}
+                gateway, gateway_process = start_gateway(engine, model, bus, f"scale-{way}-{length}", scratch, env)
+                try:
+                    row, events = await measure(length, way, args, bus, gateway, tokenizer, processor.pid, watch)
+                finally:
+                    stop(gateway_process)
+                rows.append(row)
+                if length == 10 and way == "deltas":
+                    ten = events
+                console.print(" ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}"
+                                       for k, v in row.items()))
+        if ten and args.scale_calls:
+            scaling = await scale_out(args, bus, scratch, processor, watch, ten)
     finally:
         stop(engine_process)
         watch.stopping.set()
         await watcher
-    return rows
+    return rows, scaling
+
+
+async def workers_sharing(bus: BusSettings, app_id: str, n: int, timeout_s: float = 120) -> None:
+    """Until the processors' consumer group is stable with `n` members."""
+    deadline = time.perf_counter() + timeout_s
+    async with admin_client(bus) as admin:
+        while time.perf_counter() < deadline:
+            (described,) = await admin.describe_consumer_groups([app_id])
+            (group,) = described.groups
+            state, members = group[2], group[5]
+            if state == "Stable" and len(members) == n:
+                return
+            await asyncio.sleep(0.5)
+    raise SystemExit(f"the processors never shared their partitions {n} ways")
+
+
+async def scale_out(args: Any, bus: BusSettings, scratch: Path, first: Any, watch: Watch, events: list[Event]
+                    ) -> list[dict[str, Any]]:
+    """Joined calls/s (a burst) and lag (at a steady rate) with one processor worker, then two."""
+    calls = sum(isinstance(e, ModelCall) for e in events)
+    groups = sorted({e.group_id for e in events if isinstance(e, RolloutStarted)})
+    copies = max(1, -(-args.scale_calls // calls))
+    out: list[dict[str, Any]] = []
+    workers = [first]
+    try:
+        for n in (1, 2):
+            if n == 2:
+                workers.append(start_processor(bus, scratch, worker=1))
+                await workers_sharing(bus, "tether-processor", 2)
+            async with EventProducer(bus) as producer:
+                burst = [renamed(e, f"-w{n}b{i}") for i in range(copies) for e in events]
+                cpu_before = sum(cpu_seconds(w.pid) for w in workers)
+                started = time.perf_counter()
+                await producer.publish_many(burst)
+                await watch.until([f"{g}-w{n}b{i}" for i in range(copies) for g in groups])
+                burst_s = time.perf_counter() - started
+                cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu_before
+                rate = copies * calls / burst_s
+                # lag at half of what one worker joined: a group's events every `gap` seconds
+                gap = calls / len(groups) / (out[0]["calls joined/s"] / 2 if out else rate / 2)
+                finished: dict[str, float] = {}
+                for i in range(max(1, int(args.paced_s / gap))):
+                    gid = groups[i % len(groups)]
+                    suffix = f"-w{n}p{i}"
+                    await producer.publish_many([renamed(e, suffix) for e in events
+                                                 if getattr(e, "rollout_id", "").startswith(gid + ".")])
+                    finished[gid + suffix] = time.perf_counter()
+                    await asyncio.sleep(max(0.0, gap - (time.perf_counter() - finished[gid + suffix])))
+                await watch.until(list(finished))
+            lags = [(watch.arrived[g] - t) * 1000 for g, t in finished.items()]
+            out.append({"workers": n, "calls joined/s": rate, "processor CPU ms/call": cpu * 1000 / (copies * calls),
+                        "paced calls/s": calls / len(groups) / gap, "lag p50 ms": pct(lags, 0.5),
+                        "lag p99 ms": pct(lags, 0.99)})
+            console.print(" ".join(f"{k} {v:,.1f}" for k, v in out[-1].items()))
+    finally:
+        for w in workers[1:]:
+            w.terminate()
+            w.wait(60)
+    return out
 
 
 def main() -> None:
     parser = arguments(__doc__, "episode_scaling.png")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 10, 50, 100])
     parser.add_argument("--groups", type=int, default=4, help="task groups (of K=2) per length")
+    parser.add_argument("--record", nargs="+", choices=["deltas", "whole"], default=["deltas", "whole"])
     parser.add_argument("--join-calls", type=int, default=2000, help="calls to publish again for the join rate")
     parser.add_argument("--join-copies", type=int, default=100, help="at most this many copies of the run for it")
     parser.add_argument("--step-tokens", type=int, default=240, help="tokens of tool output added per call")
+    parser.add_argument("--scale-calls", type=int, default=6000, help="calls per burst of the scale-out (0: none)")
+    parser.add_argument("--paced-s", type=float, default=15.0, help="seconds of paced publishing for the lag")
     args = parser.parse_args()
     if 1100 + max(args.lengths) * (args.step_tokens * 1.1 + 40) > 32768:  # text re-encodes a little longer
         parser.error("the longest episode would not fit a 32k context: fewer --lengths or --step-tokens")
@@ -241,31 +344,42 @@ def main() -> None:
 
     with kafka_and_processors("tether-episode-bench-") as (scratch, bus, processor):
         model = init_tiny(scratch / "tiny", context=32768)
-        rows = asyncio.run(run_all(args, bus, model, processor.pid, scratch))
+        rows, scaling = asyncio.run(run_all(args, bus, model, processor, scratch))
 
-    table = Table(title=f"Episode length: {args.groups} groups x K={K} per length, through gateway, Kafka, processors")
-    for column in rows[0]:
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*[f"{v:,.1f}" for v in row.values()])
-    console.print(table)
+    title = f"Episode length: {args.groups} groups x K={K} per length and way, through gateway, Kafka, processors"
+    print_table(title, rows)
+    if scaling:
+        print_table("Scale-out: the 10-call episodes (deltas), one processor worker, then two", scaling)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    args.out.with_suffix(".json").write_text(json.dumps({"lengths": rows, "scale_out": scaling}, indent=1))
     plot(rows, args.out)
 
 
-def plot(rows: list[dict[str, float]], out: Path) -> None:
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    table = Table(title=title)
+    for column in rows[0]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row.values()])
+    console.print(table)
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
     plt = pyplot()
-    lengths = [r["calls/episode"] for r in rows]
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     panels = (("KB/episode", "KB on tether.calls per episode"), ("processor CPU ms/call", "processor CPU ms per call"),
-              ("joined calls/s", "calls joined per second"), ("lag p50 ms", "seal → task group, ms"))
+              ("joined calls/s", "calls joined per second"), ("lag p50 ms", "seal → task group, ms (p50, p99 dashed)"))
     for ax, (key, title) in zip(axes, panels, strict=True):
-        ax.plot(lengths, [r[key] for r in rows], "o-")
-        if key == "lag p50 ms":
-            ax.plot(lengths, [r["lag p99 ms"] for r in rows], "o--", label="p99")
-            ax.legend(["p50", "p99"])
+        for way in dict.fromkeys(r["recorded"] for r in rows):
+            mine = [r for r in rows if r["recorded"] == way]
+            lengths = [r["calls/episode"] for r in mine]
+            (line,) = ax.plot(lengths, [r[key] for r in mine], "o-", label=way)
+            if key == "lag p50 ms":
+                ax.plot(lengths, [r["lag p99 ms"] for r in mine], "o--", color=line.get_color())
         ax.set(title=title, xlabel="calls per episode", xscale="log")
+        if key == "KB/episode":
+            ax.set_yscale("log")
+        ax.legend()
     save(fig, out, console)
 
 
