@@ -19,19 +19,23 @@ groups of K=2:
   over what the final context alone takes: the last call's whole prompt and
   response as int32 ids, a float32 logprob for each token the episode
   generated, and the last request's text (the whole conversation);
-- processor CPU per call (its process's user+system time over the phase);
 - lag from a group's last RolloutFinished to its TaskGroup, p50 and p99;
-- joined calls/s: the same events published again, as fast as the producer
-  goes, under new ids (as many copies as make --join-calls calls), until
-  every group is out;
+- joined calls/s and processor CPU per call: the same events again under new
+  ids (as many copies as make --join-calls calls), published while the
+  processor is stopped (SIGSTOP, within its Kafka session) and timed from its
+  SIGCONT until every group is out: the processors' rate, not the bench
+  producer's. "live CPU ms/call" is the processor's CPU over the live phase,
+  where calls come at the harness's pace and the analytics sink's insert per
+  flush is most of it;
 - replay of the run from the topics: the run's events/s and MB/s. The topics
-  hold the shorter lengths' runs and their copies too, as a cluster's hold
-  other runs, and replay reads past them: later lengths read more.
+  hold the shorter lengths' runs too, as a cluster's hold other runs; replay
+  passes over their records undecoded (each names its run in a header).
 
 Then scale-out, on the 10-call episodes recorded as deltas: --scale-calls calls
-published again at once (joined calls/s), and again at half the rate one worker
-joined (lag from a group's last event acknowledged to its TaskGroup), with one
-processor worker, then with a second one of the same app sharing the partitions.
+drained as above (joined calls/s), and published again at half the rate one
+worker joined (lag from a group's last event acknowledged to its TaskGroup),
+with one processor worker, then with a second one of the same app sharing the
+partitions.
 
 Prints the tables; writes bench/results/episode_scaling.{png,json}.
 """
@@ -44,6 +48,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -180,20 +185,38 @@ def final_context_bytes(calls: list[ModelCall]) -> float:
     return statistics.fmean(sizes)
 
 
+async def drain(producer: EventProducer, workers: list[Any], backlog: list[Event], group_ids: list[str],
+                watch: Watch) -> tuple[float, float]:
+    """Seconds and processor CPU seconds to join and group `backlog` once it is all on the topics: the workers are
+    stopped (SIGSTOP, well within their Kafka session) while it is published, so the figure is the processors',
+    not the bench's producer's."""
+    cpu_before = sum(cpu_seconds(w.pid) for w in workers)
+    for w in workers:
+        os.kill(w.pid, signal.SIGSTOP)
+    try:
+        await producer.publish_many(backlog)
+    finally:
+        for w in workers:
+            os.kill(w.pid, signal.SIGCONT)
+    started = time.perf_counter()
+    await watch.until(group_ids)
+    return max(watch.arrived[g] for g in group_ids) - started, sum(cpu_seconds(w.pid) for w in workers) - cpu_before
+
+
 async def measure(length: int, way: str, args: Any, bus: BusSettings, gateway: str, tokenizer: Any,
-                  processor: int, watch: Watch) -> tuple[dict[str, Any], list[Event]]:
+                  processor: Any, watch: Watch) -> tuple[dict[str, Any], list[Event]]:
     run_id = f"scale-{way}-{length}"
     groups = [f"{run_id}.g{g}" for g in range(args.groups)]
     async with EventProducer(bus) as producer, httpx.AsyncClient(timeout=120) as client:
         harness = Harness(gateway, producer, tokenizer, args.step_tokens, seed=length)
-        cpu_before, started = cpu_seconds(processor), time.perf_counter()
+        cpu_before, started = cpu_seconds(processor.pid), time.perf_counter()
         finished: dict[str, float] = {}
         for gid in groups:  # a group's K episodes at once, groups one after another
             ends = await asyncio.gather(*(harness.episode(client, run_id, gid, f"{gid}.r{k}", length, float(k))
                                           for k in range(K)))
             finished[gid] = max(ends)
         await watch.until(groups)
-        cpu = cpu_seconds(processor) - cpu_before
+        cpu = cpu_seconds(processor.pid) - cpu_before
         live_s = time.perf_counter() - started
         lags = [(watch.arrived[g] - finished[g]) * 1000 for g in groups]
 
@@ -212,15 +235,14 @@ async def measure(length: int, way: str, args: Any, bus: BusSettings, gateway: s
 
         copies = max(1, min(args.join_copies, -(-args.join_calls // len(calls))))  # enough calls to time a rate
         again = [renamed(e, f"-again{i}") for i in range(copies) for e in events]
-        started = time.perf_counter()
-        await producer.publish_many(again)
-        await watch.until([f"{g}-again{i}" for i in range(copies) for g in groups])
-        joined_s = time.perf_counter() - started
+        joined_s, joined_cpu = await drain(producer, [processor], again,
+                                           [f"{g}-again{i}" for i in range(copies) for g in groups], watch)
 
     prompts = [c.usage.prompt_tokens for c in calls]
     return {"calls/episode": length, "recorded": way, "final prompt tokens": float(max(prompts)),
             "KB/episode": per_episode / 1024, "x final context": per_episode / final,
-            "processor CPU ms/call": cpu * 1000 / len(calls), "lag p50 ms": pct(lags, 0.5),
+            "processor CPU ms/call": joined_cpu * 1000 / (copies * len(calls)),
+            "live CPU ms/call": cpu * 1000 / len(calls), "lag p50 ms": pct(lags, 0.5),
             "lag p99 ms": pct(lags, 0.99), "joined calls/s": copies * len(calls) / joined_s,
             "replay events/s": len(read) / replay_s,
             "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s, "live s": live_s}, events
@@ -251,7 +273,7 @@ async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scra
                 env = {"TETHER_GATEWAY_EXTENDABLE_CALLS": "0"} if way == "whole" else {}
                 gateway, gateway_process = start_gateway(engine, model, bus, f"scale-{way}-{length}", scratch, env)
                 try:
-                    row, events = await measure(length, way, args, bus, gateway, tokenizer, processor.pid, watch)
+                    row, events = await measure(length, way, args, bus, gateway, tokenizer, processor, watch)
                 finally:
                     stop(gateway_process)
                 rows.append(row)
@@ -297,12 +319,8 @@ async def scale_out(args: Any, bus: BusSettings, scratch: Path, first: Any, watc
                 await workers_sharing(bus, "tether-processor", 2)
             async with EventProducer(bus) as producer:
                 burst = [renamed(e, f"-w{n}b{i}") for i in range(copies) for e in events]
-                cpu_before = sum(cpu_seconds(w.pid) for w in workers)
-                started = time.perf_counter()
-                await producer.publish_many(burst)
-                await watch.until([f"{g}-w{n}b{i}" for i in range(copies) for g in groups])
-                burst_s = time.perf_counter() - started
-                cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu_before
+                burst_s, cpu = await drain(producer, workers, burst,
+                                           [f"{g}-w{n}b{i}" for i in range(copies) for g in groups], watch)
                 rate = copies * calls / burst_s
                 # lag at half of what one worker joined: a group's events every `gap` seconds
                 gap = calls / len(groups) / (out[0]["calls joined/s"] / 2 if out else rate / 2)

@@ -63,7 +63,10 @@ class Processors:
                                    topics.CONTROL.name, **RAW)
         self.samples = app.topic(topics.SAMPLES.name, **RAW)
         self.deadletters = app.topic(topics.DEADLETTER.name, **RAW)
-        self.rollouts = app.Table("rollouts", key_type=bytes, value_type=bytes, partitions=topics.CALLS.partitions)
+        # Written after each batch of the join, not within one event: its changelog partition comes from the key
+        # (murmur2, as the producers of tether.calls and tether.rollouts place the rollout), as for `groups`.
+        self.rollouts = app.Table("rollouts", key_type=bytes, value_type=bytes, partitions=topics.CALLS.partitions,
+                                  use_partitioner=True)
         # The timer changes this table too, outside any stream's event, where Faust cannot take the partition from
         # the event and refuses ("Cannot modify table key from outside of stream iteration": the processors
         # crashed so in CI). Its changelog partition comes from the key instead, murmur2 like the producer
@@ -96,25 +99,39 @@ class Processors:
 
     async def join(self, stream: faust.StreamT[bytes]) -> None:
         """Calls and rollout events into one state per rollout, calls kept apart; a complete rollout goes on to its
-        group. The state is written only when it changes: on lifecycle events and a rollout's first call."""
-        async for event in stream.events():
-            decoded = await self.accept(event, "join")
-            rid = rollout_of(decoded) if decoded is not None and self.wanted(decoded) else None
-            if decoded is None or rid is None:
-                continue
-            key = rid.encode()
-            state = self.rollouts.get(key)
-            joined = RolloutJoin.loads(state) if state is not None else RolloutJoin(rid)
-            offset = event.message.offset if isinstance(decoded, ModelCall) else None
-            changed, result = rollout_step(joined, self.calls, decoded, offset)
-            if result is None and joined.waiting_for_calls and rid not in self._read_back:
-                result = await self._recover(joined)
-                changed = changed or result is not None
-            if changed:
-                self.rollouts[key] = joined.dumps()
-            if result is not None:
-                self._read_back.discard(rid)
-                await (await self.complete.send(key=result.group_id.encode(), value=result.dumps()))
+        group. Events are taken in batches: the batch's complete rollouts are sent together, and once Kafka holds
+        them all, the states that changed (on lifecycle events and a rollout's first call, not on every call) are
+        written, so a rollout is never marked done before its record is stored."""
+        batches = stream.take_events(self.settings.join_batch,  # type: ignore[attr-defined]
+                                     within=self.settings.join_batch_s)
+        async for batch in batches:
+            joins: dict[str, RolloutJoin] = {}
+            changed: set[str] = set()
+            results: list[CompleteRollout] = []
+            for event in batch:
+                decoded = await self.accept(event, "join")
+                rid = rollout_of(decoded) if decoded is not None and self.wanted(decoded) else None
+                if decoded is None or rid is None:
+                    continue
+                joined = joins.get(rid) or self._join_of(rid)
+                joins[rid] = joined
+                offset = event.message.offset if isinstance(decoded, ModelCall) else None
+                step_changed, result = rollout_step(joined, self.calls, decoded, offset)
+                if result is None and joined.waiting_for_calls and rid not in self._read_back:
+                    result = await self._recover(joined)
+                if step_changed or result is not None:
+                    changed.add(rid)
+                if result is not None:
+                    self._read_back.discard(rid)
+                    results.append(result)
+            sent = [await self.complete.send(key=r.group_id.encode(), value=r.dumps()) for r in results]
+            await asyncio.gather(*sent)
+            for rid in changed:
+                self.rollouts[rid.encode()] = joins[rid].dumps()
+
+    def _join_of(self, rid: str) -> RolloutJoin:
+        state = self.rollouts.get(rid.encode())
+        return RolloutJoin.loads(state) if state is not None else RolloutJoin(rid)
 
     async def _recover(self, joined: RolloutJoin) -> CompleteRollout | None:
         """A rollout that lacks only calls: those read before a restart or a rebalance, or evicted from the
