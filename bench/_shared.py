@@ -87,32 +87,33 @@ def start_gateway(engine: str, model: Path, bus: BusSettings, run_id: str, scrat
     return url, process
 
 
-def start_processor(bus: BusSettings, scratch: Path, worker: int = 0) -> subprocess.Popen[bytes]:
-    """`tether processors run`, the chdb sink on; further workers of the same app share its partitions (the sink's
-    chdb folder is each worker's own: chdb holds it)."""
+def start_processor(bus: BusSettings, scratch: Path, worker: int = 0, sink: bool = True) -> subprocess.Popen[bytes]:
+    """`tether processors run`, the chdb sink on unless not `sink`; further workers of the same app share its
+    partitions (the sink's chdb folder is each worker's own: chdb holds it)."""
     return subprocess.Popen(
         [sys.executable, "-m", "tether.cli", "processors", "run"],
         env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
              "TETHER_PROCESSOR_DATA_DIR": str(scratch / f"proc-{worker}"),
-             "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / f'clickhouse-{worker}'}"},
+             "TETHER_PROCESSOR_CLICKHOUSE_DSN": f"chdb://{scratch / f'clickhouse-{worker}'}" if sink else ""},
         stdout=(scratch / f"processor-{worker}.log").open("wb"), stderr=subprocess.STDOUT)
 
 
 @contextmanager
-def kafka_and_processors(prefix: str) -> Iterator[tuple[Path, BusSettings, subprocess.Popen[bytes]]]:
-    """A scratch folder, its own broker with the topics, and `tether processors run` (the chdb sink on), for the
-    length of a `with` block; all of it gone afterwards."""
+def kafka_and_processors(prefix: str, sink: bool = True) -> Iterator[tuple[Path, BusSettings, subprocess.Popen[bytes]]]:
+    """A scratch folder, its own broker with the topics, and `tether processors run` (the chdb sink on unless not
+    `sink`), for the length of a `with` block; all of it gone afterwards (kept with TETHER_BENCH_KEEP=1)."""
     scratch, broker = scratch_broker(prefix)
     processor: subprocess.Popen[bytes] | None = None
     try:
         broker.start()
         bus = BusSettings(bootstrap_servers=broker.bootstrap)
         asyncio.run(ensure_topics(bus))
-        processor = start_processor(bus, scratch)
+        processor = start_processor(bus, scratch, sink=sink)
         yield scratch, bus, processor
     finally:
         if processor is not None:
             processor.terminate()
             processor.wait(60)
         broker.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not os.environ.get("TETHER_BENCH_KEEP"):
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -70,6 +70,7 @@ from schemas.rollout_token import mint
 from schemas.serde import encode
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
+from stream_processors.pipeline import rebuild
 from stream_processors.replay import read_run_events, replay
 
 from _shared import (
@@ -158,11 +159,12 @@ class Harness:
         return time.perf_counter()
 
 
-def renamed(event: Event, suffix: str) -> Event:
-    """The event under new ids: a second copy of the run that the processors join from scratch."""
+def renamed(event: Event, suffix: str, run: bool = True) -> Event:
+    """The event under new ids: a second copy of the run that the processors join from scratch (with not `run`,
+    more of the same run)."""
     fields = {f.name for f in dataclasses.fields(event)}
-    changes: dict[str, Any] = {name: getattr(event, name) + suffix
-                               for name in ("run_id", "rollout_id", "call_id", "group_id") if name in fields}
+    names = ("run_id", "rollout_id", "call_id", "group_id") if run else ("rollout_id", "call_id", "group_id")
+    changes: dict[str, Any] = {name: getattr(event, name) + suffix for name in names if name in fields}
     if isinstance(event, RolloutSealed):
         changes["call_ids"] = [c + suffix for c in event.call_ids]
     if isinstance(event, ModelCall) and event.extends is not None:
@@ -249,13 +251,14 @@ async def measure(length: int, way: str, args: Any, bus: BusSettings, gateway: s
 
 
 async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scratch: Path
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     tokenizer = AutoTokenizer.from_pretrained(model)
     watch = Watch(bus)
     watcher = asyncio.create_task(watch.run())
     await asyncio.sleep(2.0)  # at the end of tether.samples before anything is published
     rows: list[dict[str, Any]] = []
     scaling: list[dict[str, Any]] = []
+    replayed: dict[str, Any] = {}
     engine, engine_process = start_engine("fake", model, (REPLY,), scratch)
     try:
         gateway, gateway_process = start_gateway(engine, model, bus, "scale-warm", scratch)
@@ -281,13 +284,38 @@ async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scra
                     ten = events
                 console.print(" ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}"
                                        for k, v in row.items()))
+        if ten and args.replay_events:
+            replayed = await replay_at_scale(args, bus, ten)
         if ten and args.scale_calls:
             scaling = await scale_out(args, bus, scratch, processor, watch, ten)
     finally:
         stop(engine_process)
         watch.stopping.set()
         await watcher
-    return rows, scaling
+    return rows, scaling, replayed
+
+
+async def replay_at_scale(args: Any, bus: BusSettings, events: list[Event]) -> dict[str, Any]:
+    """`tether replay`'s work on a run that is most of what the topics hold: the 10-call episodes (deltas) again
+    under new rollout ids of one run, about --replay-events events. The per-length replay figures above are of a
+    small run among the others' records."""
+    copies = max(1, args.replay_events // len(events))
+    run_id = "scale-replay"
+    async with EventProducer(bus) as producer:
+        ours = [dataclasses.replace(e, run_id=run_id) for e in events]  # type: ignore[arg-type]
+        await producer.publish_many([renamed(e, f"-r{i}", run=False) for i in range(copies) for e in ours])
+    cpu, started = time.process_time(), time.perf_counter()
+    read = await read_run_events(bus, run_id)
+    read_cpu, read_s = time.process_time() - cpu, time.perf_counter() - started
+    rebuilt = rebuild(read, run_id, Policy())
+    total_s = time.perf_counter() - started
+    assert len(rebuilt) == copies * len({e.group_id for e in events if isinstance(e, RolloutStarted)})
+    row = {"events": float(len(read)), "replay events/s": len(read) / total_s,
+           "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / total_s,
+           "read+decode events/s": len(read) / read_s, "read+decode CPU us/event": read_cpu * 1e6 / len(read),
+           "rebuild events/s": len(read) / (total_s - read_s)}
+    console.print(" ".join(f"{k} {v:,.1f}" for k, v in row.items()))
+    return row
 
 
 async def workers_sharing(bus: BusSettings, app_id: str, n: int, timeout_s: float = 120) -> None:
@@ -315,7 +343,7 @@ async def scale_out(args: Any, bus: BusSettings, scratch: Path, first: Any, watc
     try:
         for n in (1, 2):
             if n == 2:
-                workers.append(start_processor(bus, scratch, worker=1))
+                workers.append(start_processor(bus, scratch, worker=1, sink=args.sink))
                 await workers_sharing(bus, "tether-processor", 2)
             async with EventProducer(bus) as producer:
                 burst = [renamed(e, f"-w{n}b{i}") for i in range(copies) for e in events]
@@ -354,22 +382,29 @@ def main() -> None:
     parser.add_argument("--join-copies", type=int, default=100, help="at most this many copies of the run for it")
     parser.add_argument("--step-tokens", type=int, default=240, help="tokens of tool output added per call")
     parser.add_argument("--scale-calls", type=int, default=6000, help="calls per burst of the scale-out (0: none)")
+    parser.add_argument("--sink", action="store_true",
+                        help="the analytics sink on (chdb in process: its inserts and merges dwarf the join's work)")
+    parser.add_argument("--replay-events", type=int, default=20000,
+                        help="events of the run replayed at scale (0: none)")
     parser.add_argument("--paced-s", type=float, default=15.0, help="seconds of paced publishing for the lag")
     args = parser.parse_args()
     if 1100 + max(args.lengths) * (args.step_tokens * 1.1 + 40) > 32768:  # text re-encodes a little longer
         parser.error("the longest episode would not fit a 32k context: fewer --lengths or --step-tokens")
     from trainer.tiny_model import init_tiny
 
-    with kafka_and_processors("tether-episode-bench-") as (scratch, bus, processor):
+    with kafka_and_processors("tether-episode-bench-", sink=args.sink) as (scratch, bus, processor):
         model = init_tiny(scratch / "tiny", context=32768)
-        rows, scaling = asyncio.run(run_all(args, bus, model, processor, scratch))
+        rows, scaling, replayed = asyncio.run(run_all(args, bus, model, processor, scratch))
 
     title = f"Episode length: {args.groups} groups x K={K} per length and way, through gateway, Kafka, processors"
     print_table(title, rows)
+    if replayed:
+        print_table("Replay at scale: the 10-call episodes (deltas), copies under one run", [replayed])
     if scaling:
         print_table("Scale-out: the 10-call episodes (deltas), one processor worker, then two", scaling)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"lengths": rows, "scale_out": scaling}, indent=1))
+    figures = {"lengths": rows, "replay": replayed, "scale_out": scaling}
+    args.out.with_suffix(".json").write_text(json.dumps(figures, indent=1))
     plot(rows, args.out)
 
 

@@ -34,26 +34,44 @@ class Policy:
 
 @dataclass
 class GroupState:
+    """A group's rollouts so far, held parsed: a rollout is parsed once when it arrives, not again per member
+    that follows (a replay spent a tenth of its time so)."""
     group_id: str
     first_seen: float  # wall clock, for the partial-group timeout
-    rollouts: dict[str, bytes] = field(default_factory=dict)  # rollout id → CompleteRollout.dumps()
+    rollouts: dict[str, CompleteRollout] = field(default_factory=dict)
     emitted: bool = False
+    _raw: dict[str, bytes] = field(default_factory=dict, repr=False)  # rollout id → its bytes, when known
 
-    def add(self, rollout: CompleteRollout) -> None:
-        self.rollouts.setdefault(rollout.rollout_id, rollout.dumps())
+    def add(self, rollout: CompleteRollout, raw: bytes | None = None) -> None:
+        """`raw`: the rollout's `dumps()` where the caller has it, so that writing the state does not redo it."""
+        if rollout.rollout_id not in self.rollouts:
+            self.rollouts[rollout.rollout_id] = rollout
+            if raw is not None:
+                self._raw[rollout.rollout_id] = raw
+
+    def clear(self) -> None:
+        """Let the rollouts go (the group went out): the state stays a marker."""
+        self.rollouts.clear()
+        self._raw.clear()
 
     def members(self) -> list[CompleteRollout]:
-        return sorted((CompleteRollout.loads(b) for b in self.rollouts.values()), key=lambda r: r.rollout_id)
+        return sorted(self.rollouts.values(), key=lambda r: r.rollout_id)
 
     def dumps(self) -> bytes:
-        return orjson.dumps({"group_id": self.group_id, "first_seen": self.first_seen, "emitted": self.emitted,
-                             "rollouts": {k: v.decode() for k, v in self.rollouts.items()}})
+        """A JSON header, then each rollout's JSON on a line of its own (orjson writes no raw newline)."""
+        head = orjson.dumps({"group_id": self.group_id, "first_seen": self.first_seen, "emitted": self.emitted})
+        return b"\n".join([head, *(self._raw.get(rid) or r.dumps() for rid, r in self.rollouts.items())])
 
     @classmethod
     def loads(cls, data: bytes) -> GroupState:
-        raw = orjson.loads(data)
-        return cls(raw["group_id"], raw["first_seen"], {k: v.encode() for k, v in raw["rollouts"].items()},
-                   raw["emitted"])
+        head, *lines = data.split(b"\n")
+        raw = orjson.loads(head)
+        if "rollouts" in raw:  # written before the rollouts had lines of their own: JSON strings in the header
+            lines = [v.encode() for v in raw["rollouts"].values()]
+        state = cls(raw["group_id"], raw["first_seen"], emitted=raw["emitted"])
+        for line in lines:
+            state.add(CompleteRollout.loads(line), line)
+        return state
 
 
 def ready(members: list[CompleteRollout]) -> bool:

@@ -38,11 +38,13 @@ def completed(join: RolloutJoin, calls: CallStore) -> CompleteRollout | None:
     return result
 
 
-def group_step(group: GroupState, rollout: CompleteRollout, policy: Policy) -> TaskGroup | None:
-    """Add one complete rollout; the TaskGroup once the group just became ready."""
+def group_step(group: GroupState, rollout: CompleteRollout, policy: Policy, raw: bytes | None = None
+               ) -> TaskGroup | None:
+    """Add one complete rollout (`raw`: its bytes, where the caller read it so); the TaskGroup once the group just
+    became ready."""
     if group.emitted:
         return None
-    group.add(rollout)
+    group.add(rollout, raw)
     members = group.members()
     if not ready(members):
         return None

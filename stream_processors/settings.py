@@ -28,6 +28,9 @@ class ProcessorSettings(BaseSettings):
     sink_flush_s: float = Field(1.0, gt=0, description="Insert at least this often while rows arrive.")
     join_batch: int = Field(500, ge=1, description="Events the join takes at a time at most.")
     join_batch_s: float = Field(0.02, gt=0, description="How long the join waits to fill a batch.")
+    stream_buffer: int = Field(
+        2048, ge=1, description="Records fetched ahead of each agent at most (a whole call recorded at 32k tokens "
+        "is about 250 KB; one recorded as what it adds, a few KB).")
     call_cache_mb: int = Field(
         512, ge=1, description="Calls of open rollouts held in memory; past it the oldest rollouts' calls are "
         "dropped, and read back from tether.calls when those rollouts complete.")

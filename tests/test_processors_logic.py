@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import random
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.events import Event, ModelCall, RolloutFinished, RolloutSealed, RolloutStarted
+from schemas.events import Event, ModelCall, RolloutFinished, RolloutSealed, RolloutStarted, rollout_of
 from stream_processors.assembly import Call, assemble
-from stream_processors.grouping import Policy
-from stream_processors.pipeline import content_hash, rebuild
+from stream_processors.call_store import MemoryCalls
+from stream_processors.grouping import GroupState, Policy
+from stream_processors.join import RolloutJoin
+from stream_processors.pipeline import content_hash, rebuild, rollout_step
 from tests.factories import synthetic_run
 
 token_lists = st.lists(st.integers(3, 999), min_size=1, max_size=20)
@@ -112,3 +115,30 @@ def test_a_rollout_waits_for_every_sealed_call() -> None:
     assert rebuild(without_last, "run", Policy()) == []  # sealed with 3 calls, 2 arrived: not complete
     (group,) = rebuild([*without_last, calls[-1]], "run", Policy())
     assert not group.partial and len(group.rollouts) == 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 1000), st.integers(1, 4))
+def test_a_group_state_reads_back_what_it_wrote_and_the_older_layout(seed: int, size: int) -> None:
+    """The groups table's bytes: a header line, then a line per rollout; a state written before that (the
+    rollouts as JSON strings inside the header) still loads, to the same group."""
+    events = synthetic_run("run", groups=1, group_size=size, seed=seed, compacting=0.3)
+    joins: dict[str, RolloutJoin] = {}
+    calls = MemoryCalls()
+    state = GroupState("run.task0", 12.5)
+    for event in events:
+        rid = rollout_of(event)
+        assert rid is not None
+        _, done = rollout_step(joins.setdefault(rid, RolloutJoin(rid)), calls, event)
+        if done is not None and len(state.rollouts) < size - 1:
+            state.add(done, done.dumps() if len(state.rollouts) % 2 else None)
+    older = orjson.dumps({"group_id": state.group_id, "first_seen": state.first_seen, "emitted": False,
+                          "rollouts": {rid: r.dumps().decode() for rid, r in state.rollouts.items()}})
+    for data in (state.dumps(), older):
+        again = GroupState.loads(data)
+        assert (again.group_id, again.first_seen, again.emitted) == ("run.task0", 12.5, False)
+        assert again.members() == state.members()
+    state.clear()
+    state.emitted = True
+    marker = GroupState.loads(state.dumps())
+    assert marker.emitted and not marker.rollouts

@@ -122,7 +122,7 @@ def processors_run(
     # Faust's progress spinner puts the root logger at DEBUG so that it spins on every record: every library's
     # debug message was built and dropped (aiokafka writes several per request). The processors' own info shows.
     worker.spinner = None
-    for name in ("faust", "mode", "aiokafka", "clickhouse_connect"):
+    for name in ("faust", "mode", "aiokafka", "clickhouse_connect", "stream_processors.recovery"):
         logging.getLogger(name).setLevel(logging.WARNING)
     worker.execute_from_commandline()
 
