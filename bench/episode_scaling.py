@@ -3,7 +3,7 @@ episode, with calls recorded as deltas (the gateway's default) and whole, side b
 processor workers against one.
 
     .venv/bin/python bench/episode_scaling.py [--lengths 1 10 50 100] [--groups 4] [--step-tokens 240]
-                                              [--record deltas whole] [--scale-calls 6000]
+                                              [--record deltas whole] [--scale-calls 6000] [--sink]
 
 Episodes as a harness makes them, through the real gateway (FakeVLLM as the
 engine, the tiny model's tokenizer at a 32k context), Kafka and `tether
@@ -21,15 +21,22 @@ groups of K=2:
   generated, and the last request's text (the whole conversation);
 - lag from a group's last RolloutFinished to its TaskGroup, p50 and p99;
 - joined calls/s and processor CPU per call: the same events again under new
-  ids (as many copies as make --join-calls calls), published while the
-  processor is stopped (SIGSTOP, within its Kafka session) and timed from its
-  SIGCONT until every group is out: the processors' rate, not the bench
-  producer's. "live CPU ms/call" is the processor's CPU over the live phase,
-  where calls come at the harness's pace and the analytics sink's insert per
-  flush is most of it;
+  ids (as many copies as make --join-calls calls, within --join-mb), encoded
+  first, then published at once while the processor runs. The rate is taken
+  once the backlog is all on the topics (the calls of the groups that came out
+  after that, over the time they took): the processor's steady rate. "live
+  CPU ms/call" is the processor's CPU over the live phase, where calls come at
+  the harness's pace;
 - replay of the run from the topics: the run's events/s and MB/s. The topics
   hold the shorter lengths' runs too, as a cluster's hold other runs; replay
-  passes over their records undecoded (each names its run in a header).
+  passes over their records undecoded (each names its run in a header), so
+  these figures are of a small run among others. "Replay at scale" is of a run
+  that is most of what the topics hold: the 10-call episodes again under new
+  rollout ids of one run (--replay-events events), read as `tether replay`
+  reads.
+
+The analytics sink is off (--sink runs it: chdb inside the processor, whose
+inserts then take most of its CPU).
 
 Then scale-out, on the 10-call episodes recorded as deltas: --scale-calls calls
 drained as above (joined calls/s), and published again at half the rate one
@@ -48,7 +55,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import time
 from pathlib import Path
@@ -65,12 +71,12 @@ from schemas.admin import admin_client
 from schemas.calls import whole
 from schemas.consumer import EventConsumer
 from schemas.events import Event, ModelCall, RolloutFinished, RolloutSealed, RolloutStarted, TaskGroup
-from schemas.producer import EventProducer
+from schemas.producer import EventProducer, run_headers
 from schemas.rollout_token import mint
 from schemas.serde import encode
 from schemas.settings import BusSettings
+from schemas.topics import key_for, topic_for
 from stream_processors.grouping import Policy
-from stream_processors.pipeline import rebuild
 from stream_processors.replay import read_run_events, replay
 
 from _shared import (
@@ -188,21 +194,26 @@ def final_context_bytes(calls: list[ModelCall]) -> float:
 
 
 async def drain(producer: EventProducer, workers: list[Any], backlog: list[Event], group_ids: list[str],
-                watch: Watch) -> tuple[float, float]:
-    """Seconds and processor CPU seconds to join and group `backlog` once it is all on the topics: the workers are
-    stopped (SIGSTOP, well within their Kafka session) while it is published, so the figure is the processors',
-    not the bench's producer's."""
+                watch: Watch) -> tuple[float, float, float]:
+    """Calls joined per second, the workers' CPU seconds, and the seconds the bench took to publish `backlog`.
+
+    The backlog is encoded before the clock starts and published at once while the workers run. The rate is
+    taken once it is all on the topics: the calls of the groups that came out after that, over the time they
+    took, so it is the processors' steady rate, neither the bench producer's nor their wake-up's."""
+    records = [(topic_for(e).name, key_for(e), encode(e)) for e in backlog]
+    headers = [run_headers(e) for e in backlog]
+    calls_per_group = sum(isinstance(e, ModelCall) for e in backlog) / len(group_ids)
     cpu_before = sum(cpu_seconds(w.pid) for w in workers)
-    for w in workers:
-        os.kill(w.pid, signal.SIGSTOP)
-    try:
-        await producer.publish_many(backlog)
-    finally:
-        for w in workers:
-            os.kill(w.pid, signal.SIGCONT)
     started = time.perf_counter()
+    await producer.send_many(records, headers)
+    published = time.perf_counter()
     await watch.until(group_ids)
-    return max(watch.arrived[g] for g in group_ids) - started, sum(cpu_seconds(w.pid) for w in workers) - cpu_before
+    cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu_before
+    after = [watch.arrived[g] for g in group_ids if watch.arrived[g] > published]
+    if len(after) < len(group_ids) / 2:
+        raise SystemExit(f"the processors joined most of the backlog while it was published ({len(after)} of "
+                         f"{len(group_ids)} groups after): publish more (--join-calls, --scale-calls)")
+    return len(after) * calls_per_group / (max(after) - published), cpu, published - started
 
 
 async def measure(length: int, way: str, args: Any, bus: BusSettings, gateway: str, tokenizer: Any,
@@ -235,19 +246,23 @@ async def measure(length: int, way: str, args: Any, bus: BusSettings, gateway: s
         replay_s = time.perf_counter() - started
         assert len(rebuilt) == len(groups), (len(rebuilt), len(groups))
 
-        copies = max(1, min(args.join_copies, -(-args.join_calls // len(calls))))  # enough calls to time a rate
+        copies = max(1, min(args.join_copies, -(-args.join_calls // len(calls)),  # enough calls to time a rate
+                            int(args.join_mb * 1e6 // sum(len(encode(c)) for c in calls))))
         again = [renamed(e, f"-again{i}") for i in range(copies) for e in events]
-        joined_s, joined_cpu = await drain(producer, [processor], again,
-                                           [f"{g}-again{i}" for i in range(copies) for g in groups], watch)
+        joined, joined_cpu, published_s = await drain(producer, [processor], again,
+                                                      [f"{g}-again{i}" for i in range(copies) for g in groups],
+                                                      watch)
 
     prompts = [c.usage.prompt_tokens for c in calls]
     return {"calls/episode": length, "recorded": way, "final prompt tokens": float(max(prompts)),
             "KB/episode": per_episode / 1024, "x final context": per_episode / final,
             "processor CPU ms/call": joined_cpu * 1000 / (copies * len(calls)),
+            "processor CPU ms/event": joined_cpu * 1000 / (copies * len(events)),
             "live CPU ms/call": cpu * 1000 / len(calls), "lag p50 ms": pct(lags, 0.5),
-            "lag p99 ms": pct(lags, 0.99), "joined calls/s": copies * len(calls) / joined_s,
+            "lag p99 ms": pct(lags, 0.99), "joined calls/s": joined,
             "replay events/s": len(read) / replay_s,
-            "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s, "live s": live_s}, events
+            "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s, "live s": live_s,
+            "join backlog published s": published_s}, events
 
 
 async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scratch: Path
@@ -282,10 +297,10 @@ async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scra
                 rows.append(row)
                 if length == 10 and way == "deltas":
                     ten = events
+                    if args.replay_events:  # before the longer runs fill the topics
+                        replayed = await replay_at_scale(args, bus, ten, watch)
                 console.print(" ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}"
                                        for k, v in row.items()))
-        if ten and args.replay_events:
-            replayed = await replay_at_scale(args, bus, ten)
         if ten and args.scale_calls:
             scaling = await scale_out(args, bus, scratch, processor, watch, ten)
     finally:
@@ -295,25 +310,27 @@ async def run_all(args: Any, bus: BusSettings, model: Path, processor: Any, scra
     return rows, scaling, replayed
 
 
-async def replay_at_scale(args: Any, bus: BusSettings, events: list[Event]) -> dict[str, Any]:
+async def replay_at_scale(args: Any, bus: BusSettings, events: list[Event], watch: Watch) -> dict[str, Any]:
     """`tether replay`'s work on a run that is most of what the topics hold: the 10-call episodes (deltas) again
     under new rollout ids of one run, about --replay-events events. The per-length replay figures above are of a
     small run among the others' records."""
     copies = max(1, args.replay_events // len(events))
     run_id = "scale-replay"
+    groups = sorted({e.group_id for e in events if isinstance(e, RolloutStarted)})
     async with EventProducer(bus) as producer:
         ours = [dataclasses.replace(e, run_id=run_id) for e in events]  # type: ignore[arg-type]
         await producer.publish_many([renamed(e, f"-r{i}", run=False) for i in range(copies) for e in ours])
+    await watch.until([f"{g}-r{i}" for i in range(copies) for g in groups])  # the processor is done with them
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS, topics.ROLLOUTS], dlq) as consumer:
+        records = sum((await consumer.end_offsets()).values())  # the topics are new: they begin at 0
     cpu, started = time.process_time(), time.perf_counter()
-    read = await read_run_events(bus, run_id)
-    read_cpu, read_s = time.process_time() - cpu, time.perf_counter() - started
-    rebuilt = rebuild(read, run_id, Policy())
-    total_s = time.perf_counter() - started
-    assert len(rebuilt) == copies * len({e.group_id for e in events if isinstance(e, RolloutStarted)})
-    row = {"events": float(len(read)), "replay events/s": len(read) / total_s,
-           "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / total_s,
-           "read+decode events/s": len(read) / read_s, "read+decode CPU us/event": read_cpu * 1e6 / len(read),
-           "rebuild events/s": len(read) / (total_s - read_s)}
+    read, rebuilt = await replay(bus, run_id, Policy())  # what `tether replay` runs
+    replay_s, replay_cpu = time.perf_counter() - started, time.process_time() - cpu
+    assert len(rebuilt) == copies * len(groups)
+    row = {"events": float(len(read)), "replay events/s": len(read) / replay_s,
+           "replay MB/s": sum(len(encode(e)) for e in read) / 1e6 / replay_s,
+           "replay CPU us/event": replay_cpu * 1e6 / len(read), "records on the topics": float(records),
+           "records scanned/s": records / replay_s}
     console.print(" ".join(f"{k} {v:,.1f}" for k, v in row.items()))
     return row
 
@@ -345,11 +362,13 @@ async def scale_out(args: Any, bus: BusSettings, scratch: Path, first: Any, watc
             if n == 2:
                 workers.append(start_processor(bus, scratch, worker=1, sink=args.sink))
                 await workers_sharing(bus, "tether-processor", 2)
+                async with EventProducer(bus) as producer:  # both past their tables' recovery: a run goes through
+                    await producer.publish_many([renamed(e, "-w2probe") for e in events])
+                await watch.until([f"{g}-w2probe" for g in groups])
             async with EventProducer(bus) as producer:
                 burst = [renamed(e, f"-w{n}b{i}") for i in range(copies) for e in events]
-                burst_s, cpu = await drain(producer, workers, burst,
-                                           [f"{g}-w{n}b{i}" for i in range(copies) for g in groups], watch)
-                rate = copies * calls / burst_s
+                rate, cpu, published_s = await drain(producer, workers, burst,
+                                                     [f"{g}-w{n}b{i}" for i in range(copies) for g in groups], watch)
                 # lag at half of what one worker joined: a group's events every `gap` seconds
                 gap = calls / len(groups) / (out[0]["calls joined/s"] / 2 if out else rate / 2)
                 finished: dict[str, float] = {}
@@ -364,7 +383,7 @@ async def scale_out(args: Any, bus: BusSettings, scratch: Path, first: Any, watc
             lags = [(watch.arrived[g] - t) * 1000 for g, t in finished.items()]
             out.append({"workers": n, "calls joined/s": rate, "processor CPU ms/call": cpu * 1000 / (copies * calls),
                         "paced calls/s": calls / len(groups) / gap, "lag p50 ms": pct(lags, 0.5),
-                        "lag p99 ms": pct(lags, 0.99)})
+                        "lag p99 ms": pct(lags, 0.99), "burst published s": published_s})
             console.print(" ".join(f"{k} {v:,.1f}" for k, v in out[-1].items()))
     finally:
         for w in workers[1:]:
@@ -378,8 +397,9 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 10, 50, 100])
     parser.add_argument("--groups", type=int, default=4, help="task groups (of K=2) per length")
     parser.add_argument("--record", nargs="+", choices=["deltas", "whole"], default=["deltas", "whole"])
-    parser.add_argument("--join-calls", type=int, default=2000, help="calls to publish again for the join rate")
-    parser.add_argument("--join-copies", type=int, default=100, help="at most this many copies of the run for it")
+    parser.add_argument("--join-calls", type=int, default=6000, help="calls to publish again for the join rate")
+    parser.add_argument("--join-mb", type=float, default=200, help="at most this many MB of them")
+    parser.add_argument("--join-copies", type=int, default=1000, help="at most this many copies of the run for it")
     parser.add_argument("--step-tokens", type=int, default=240, help="tokens of tool output added per call")
     parser.add_argument("--scale-calls", type=int, default=6000, help="calls per burst of the scale-out (0: none)")
     parser.add_argument("--sink", action="store_true",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,9 +30,9 @@ from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import ChatTokenizer
 from gateway.tool_parsers import parser_for
+from schemas.heap import settle
 from schemas.producer import EventProducer
 
-GC_THRESHOLD = 20_000  # allocations between young collections (Python's default: 700)
 RESTORE_WINDOW_S = 6 * 3600.0  # how far back a rollout this process does not hold is looked for in the log
 
 
@@ -70,7 +69,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]
     await _started(tasks, [peers.ready, control.ready])
     app.state.gateway = gateway
-    _settle_heap()
+    settle()  # the tokenizer and the libraries live as long as the process (schemas.heap)
     try:
         yield
     finally:
@@ -83,13 +82,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await producer.stop()
 
 
-def _settle_heap() -> None:
-    """What start-up loaded (the tokenizer, the libraries) lives as long as the process: frozen out of the
-    collector's sight, a full collection no longer walks it (collections were an eighth of the CPU at 64 clients),
-    and a larger first generation runs the collector less often for a call's short-lived objects."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
 async def _started(tasks: list[asyncio.Task[None]], ready: list[asyncio.Event]) -> None:

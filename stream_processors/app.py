@@ -68,6 +68,7 @@ def create_app(settings: ProcessorSettings) -> faust.App:
         # Records fetched ahead of the agents. The join waits for Kafka's acknowledgements once a batch; a buffer no
         # larger than the batch stopped the fetcher meanwhile (bench/episode_scaling.py).
         stream_buffer_maxsize=settings.stream_buffer,
+        table_standby_replicas=settings.standby_replicas,
         # A worker that died holds its partitions until its session times out: Faust's default, 60 s, starved the
         # trainer of the groups of those partitions for a minute in bench/chaos.py. Heartbeats (every 3 s) keep a
         # live worker in.

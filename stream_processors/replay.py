@@ -9,6 +9,7 @@ from rich.progress import Progress
 from schemas import topics
 from schemas.consumer import EventConsumer, Record
 from schemas.events import Event, TaskGroup, run_of
+from schemas.heap import collector_paused
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from schemas.topics import run_in_header
@@ -46,5 +47,6 @@ def write_jsonl(groups: list[TaskGroup], path: Path) -> None:
 
 async def replay(bus: BusSettings, run_id: str, policy: Policy,
                  progress: Progress | None = None) -> tuple[list[Event], list[TaskGroup]]:
-    events = await read_run_events(bus, run_id, progress)
-    return events, rebuild(events, run_id, policy)
+    with collector_paused():  # the collector walking the events read so far was half of the read (schemas.heap)
+        events = await read_run_events(bus, run_id, progress)
+        return events, rebuild(events, run_id, policy)

@@ -34,5 +34,9 @@ class ProcessorSettings(BaseSettings):
     call_cache_mb: int = Field(
         512, ge=1, description="Calls of open rollouts held in memory; past it the oldest rollouts' calls are "
         "dropped, and read back from tether.calls when those rollouts complete.")
+    standby_replicas: int = Field(
+        1, ge=0, description="Workers that keep a warm copy of each table partition another worker owns (Faust's "
+        "standby replicas): a rebalance after a worker dies resumes from it at once, at the cost of every worker "
+        "also applying the others' changelogs.")
     data_dir: Path = Field(Path(".tether/processor"), description="Faust's local state.")
     bus: BusSettings = Field(default_factory=BusSettings)
