@@ -68,6 +68,7 @@ bench: setup harnesses
 	$(BIN)/python bench/update_backends.py
 	$(BIN)/python bench/episode_scaling.py
 	$(BIN)/python bench/token_encoding.py
+	$(BIN)/python bench/faust_floor.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock

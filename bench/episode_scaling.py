@@ -428,12 +428,17 @@ def main() -> None:
     plot(rows, args.out)
 
 
+#: figures kept in the JSON, not printed: they say how the measurement went, not what it measured
+QUIET = ("final prompt tokens", "live s", "join backlog published s", "burst published s")
+
+
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     table = Table(title=title)
-    for column in rows[0]:
+    columns = [c for c in rows[0] if c not in QUIET]
+    for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(*[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row.values()])
+        table.add_row(*[f"{row[c]:,.1f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
     console.print(table)
 
 
