@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether import cli_k8s, cli_kafka, cli_pipeline, cli_stack
+from tether import cli_k8s, cli_kafka, cli_pipeline, cli_stack, cli_swe
 from tether.cli_support import console, fail, failing_cleanly, load_settings
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ app.add_typer(model_app, name="model", rich_help_panel="Models")
 app.add_typer(topics_app, name="topics", rich_help_panel="Bus")
 app.add_typer(events_app, name="events", rich_help_panel="Bus")
 app.add_typer(cli_k8s.k8s_app, name="k8s", rich_help_panel="Stack")
+app.add_typer(cli_swe.swe_app, name="swe", rich_help_panel="Tasks")
 
 app.command("replay", rich_help_panel="Bus")(cli_pipeline.replay_run)
 app.command("analytics", rich_help_panel="Bus")(cli_pipeline.analytics)

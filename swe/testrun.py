@@ -1,0 +1,104 @@
+"""Running a repository's tests and reading what they did from pytest's JUnit XML, never from their output.
+
+The report goes to a fresh folder outside the repository under a random name,
+so code under test cannot know where to forge one. Only tests the report says
+passed count as passed; a test asked for that the report does not list did not
+run, and counts as failed. The run has a time limit and, where the platform
+allows it (`unshare`: a network namespace of its own), no network.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+#: pytest's own plugins only: the project's plugins (asyncio, hypothesis, ...) are not the package's
+BASE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+
+
+@dataclass(frozen=True)
+class TestReport:
+    passed: frozenset[str]
+    failed: dict[str, str] = field(default_factory=dict)  # test id → the report's message (failures, errors)
+    skipped: frozenset[str] = frozenset()
+    timed_out: bool = False
+    isolated: bool = False  # ran without network
+
+    def outcome(self, test: str) -> bool:
+        """Whether `test` passed: reported as passed, not merely absent from the failures."""
+        return test in self.passed
+
+
+@cache
+def network_isolation() -> list[str]:
+    """The prefix that runs a command in a network namespace of its own, or [] where none can be made."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return []
+    for flags in (["-rn"], ["-n"]):  # a user namespace first (no root needed), then a plain one (root)
+        try:
+            if subprocess.run([unshare, *flags, "true"], capture_output=True, timeout=10).returncode == 0:
+                return [unshare, *flags]
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return []
+
+
+def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python: str = sys.executable
+              ) -> TestReport:
+    """pytest over `tests` (node ids; all when empty) with `repo` as the working folder and first on the path."""
+    isolation = network_isolation()
+    with tempfile.TemporaryDirectory(prefix="tether-swe-report-") as private:
+        report = Path(private) / f"{os.urandom(16).hex()}.xml"
+        command = [*isolation, python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tb=short",
+                   f"--junitxml={report}", *tests]
+        env = {**_clean_environment(), **BASE_ENV, "PYTHONPATH": str(repo)}
+        try:
+            subprocess.run(command, cwd=repo, env=env, capture_output=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return TestReport(frozenset(), {t: "timed out" for t in tests}, timed_out=True,
+                              isolated=bool(isolation))
+        found = read_junit(report) if report.exists() else TestReport(frozenset())
+    missing = {t: "did not run" for t in tests if t not in found.passed and t not in found.failed
+               and t not in found.skipped}
+    return TestReport(found.passed, {**found.failed, **missing}, found.skipped, isolated=bool(isolation))
+
+
+def read_junit(path: Path) -> TestReport:
+    """Test ids as pytest names them (`path/to/test_x.py::Class::test`), from the report's classname and name."""
+    passed: set[str] = set()
+    failed: dict[str, str] = {}
+    skipped: set[str] = set()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test = _node_id(case.get("classname", ""), case.get("name", ""))
+        problems = [c for c in case if c.tag in ("failure", "error")]
+        if problems:
+            failed[test] = "\n".join(filter(None, ((p.get("message") or "").strip() for p in problems)))
+        elif any(c.tag == "skipped" for c in case):
+            skipped.add(test)
+        else:
+            passed.add(test)
+    return TestReport(frozenset(passed - set(failed)), failed, frozenset(skipped))
+
+
+def _node_id(classname: str, name: str) -> str:
+    """pytest writes `pkg.tests.test_x.Class` as the classname: back to a path and classes."""
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):  # the longest prefix that names a test module
+        if parts[cut - 1].startswith("test") or parts[cut - 1].endswith("_test"):
+            return "::".join(["/".join(parts[:cut]) + ".py", *parts[cut:], name])
+    return "::".join([classname, name])
+
+
+def _clean_environment() -> dict[str, str]:
+    """What a test run inherits: the basics, not this process's settings, secrets or Python paths."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
+    return {k: v for k, v in os.environ.items() if k in keep}
