@@ -230,3 +230,17 @@ def scripted_gateway(bus: BusSettings, fake_vllm: RunningEngine, tiny_model: Pat
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     with gateway(bus, fake_vllm, tiny_model, tmp_path_factory.mktemp("gateway") / "scripted.log") as gw:
         yield gw
+
+
+@pytest.fixture(scope="session")
+def toolz_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tether swe build` of a real package (toolz 1.2.0, its sdist from PyPI, cached under .tether/swe): 8
+    candidates, seed 1."""
+    from swe.build import build
+
+    out = tmp_path_factory.mktemp("swe") / "toolz"
+    lines: list[str] = []
+    build("toolz==1.2.0", out, cache=Path(__file__).parents[1] / ".tether" / "swe" / "sdists", max_candidates=8,
+          max_failing=20, seed=1, timeout_s=300, say=lines.append)
+    assert lines and "tests pass on the clean tree" in lines[0]
+    return out

@@ -1,4 +1,5 @@
-"""`tether swe build` on a real package (toolz, its sdist from PyPI): bugs its own tests catch become tasks."""
+"""`tether swe build` on a real package (toolz, its sdist from PyPI: conftest's `toolz_tasks`): bugs its own tests
+catch become tasks."""
 
 from __future__ import annotations
 
@@ -8,27 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from swe.build import build, load_instances, source_files
+from swe.build import load_instances, source_files
 from swe.sources import git
 from swe.testrun import run_tests
 
-PACKAGE = "toolz==1.2.0"
-CACHE = Path(__file__).parents[1] / ".tether" / "swe" / "sdists"  # shared by runs, like the Kafka jars
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("swe") / "toolz"
-    lines: list[str] = []
-    build(PACKAGE, out, cache=CACHE, max_candidates=8, max_failing=20, seed=1, timeout_s=300, say=lines.append)
-    assert lines and "tests pass on the clean tree" in lines[0]
-    return out
-
-
-def test_the_base_is_one_commit_of_the_release_with_no_other_history(built: Path) -> None:
-    base = built / "base"
+def test_the_base_is_one_commit_of_the_release_with_no_other_history(toolz_tasks: Path) -> None:
+    base = toolz_tasks / "base"
     assert git(base, "rev-list", "--all").count("\n") == 1
     assert git(base, "tag") == "" and git(base, "reflog").count("\n") <= 1
     assert (base / "toolz" / "itertoolz.py").exists() and (base / "toolz" / "tests").is_dir()
@@ -37,15 +24,15 @@ def test_the_base_is_one_commit_of_the_release_with_no_other_history(built: Path
     assert not any("tests" in f.parts or f.name == "setup.py" for f in files)
 
 
-def test_kept_bugs_fail_their_tests_and_the_gold_patch_fixes_them(built: Path, tmp_path: Path) -> None:
-    figures = json.loads((built / "build.json").read_text())
-    instances = load_instances(built / "private" / "instances.jsonl")
+def test_kept_bugs_fail_their_tests_and_the_gold_patch_fixes_them(toolz_tasks: Path, tmp_path: Path) -> None:
+    figures = json.loads((toolz_tasks / "build.json").read_text())
+    instances = load_instances(toolz_tasks / "private" / "instances.jsonl")
     assert figures["candidates"] == 8 and figures["kept"] == len(instances) >= 1
     assert figures["kept"] + sum(figures["rejected"].values()) == 8
     assert len({i.bug_patch for i in instances.values()}) == len(instances)  # no duplicate diffs
     instance = next(iter(instances.values()))
     assert instance.fail_to_pass and not set(instance.fail_to_pass) & set(instance.pass_to_pass)
-    work = shutil.copytree(built / "base", tmp_path / "work")
+    work = shutil.copytree(toolz_tasks / "base", tmp_path / "work")
     subprocess.run(["git", "apply"], input=instance.bug_patch, text=True, cwd=work, check=True)
     buggy = run_tests(work, timeout_s=300, tests=instance.fail_to_pass)
     assert not any(buggy.outcome(t) for t in instance.fail_to_pass)
@@ -54,9 +41,9 @@ def test_kept_bugs_fail_their_tests_and_the_gold_patch_fixes_them(built: Path, t
     assert all(fixed.outcome(t) for t in instance.fail_to_pass)
 
 
-def test_the_tasks_file_says_what_fails_and_nothing_of_the_fix(built: Path) -> None:
-    instances = load_instances(built / "private" / "instances.jsonl")
-    tasks = [json.loads(line) for line in (built / "tasks.jsonl").read_text().splitlines()]
+def test_the_tasks_file_says_what_fails_and_nothing_of_the_fix(toolz_tasks: Path) -> None:
+    instances = load_instances(toolz_tasks / "private" / "instances.jsonl")
+    tasks = [json.loads(line) for line in (toolz_tasks / "tasks.jsonl").read_text().splitlines()]
     assert [t["id"] for t in tasks] == list(instances)
     for task in tasks:
         assert set(task) == {"id", "problem", "package"}

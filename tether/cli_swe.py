@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tether.cli_support import console, fail
+
+if TYPE_CHECKING:
+    from swe.build import Instance
 
 swe_app = typer.Typer(help="Coding tasks from real packages: build them, grade a rollout's change.",
                       no_args_is_help=True)
@@ -34,3 +37,58 @@ def swe_build(
         fail(str(exc))
     console.print(f"{len(kept)} tasks: {out / 'tasks.jsonl'} (grading data: {out / 'private'}; figures: "
                   f"{out / 'build.json'})", highlight=False)
+
+
+def _instance(tasks: Path, task_id: str) -> tuple[Instance, Path]:
+    """The task's grading data and the package's clean tree, from a `tether swe build` folder."""
+    from swe.build import load_instances
+
+    private = tasks / "private" / "instances.jsonl"
+    if not private.exists():
+        fail(f"--tasks: {tasks} holds no {private.relative_to(tasks)}: make it with `tether swe build`", 2)
+    instance = load_instances(private).get(task_id)
+    if instance is None:
+        fail(f"--id: no task {task_id!r} in {private}", 2)
+    return instance, tasks / "base"
+
+
+@swe_app.command("checkout")
+def swe_checkout(
+    task_id: Annotated[str, typer.Option("--id", help="The task's id (tasks.jsonl).")],
+    to: Annotated[Path, typer.Option(help="An empty or new folder: the rollout's working copy.")],
+    tasks: Annotated[Path, typer.Option(help="A `tether swe build` folder.")] = Path(".tether/swe/tasks"),
+) -> None:
+    """The task's buggy tree as a repository of one commit, for a rollout to work in."""
+    from swe.errors import SweError
+    from swe.grade import checkout
+
+    instance, base = _instance(tasks, task_id)
+    try:
+        checkout(instance, base, to)
+    except SweError as exc:
+        fail(str(exc))
+
+
+@swe_app.command("grade")
+def swe_grade(
+    task_id: Annotated[str, typer.Option("--id", help="The task's id (tasks.jsonl).")],
+    workdir: Annotated[Path, typer.Option(help="The rollout's working copy, as the agent left it.")],
+    tasks: Annotated[Path, typer.Option(help="A `tether swe build` folder.")] = Path(".tether/swe/tasks"),
+    timeout_s: Annotated[float, typer.Option(min=1, help="Time limit of the graded test run.")] = 300.0,
+) -> None:
+    """Grade the change in WORKDIR in a fresh copy of the buggy tree; prints one JSON line with `reward` (a
+    run's reward command)."""
+    import dataclasses
+    import json
+
+    from swe.errors import SweError
+    from swe.grade import grade
+
+    instance, base = _instance(tasks, task_id)
+    if not workdir.is_dir():
+        fail(f"--workdir: {workdir} is not a folder", 2)
+    try:
+        result = grade(instance, base, workdir, timeout_s=timeout_s)
+    except SweError as exc:
+        fail(str(exc))
+    print(json.dumps(dataclasses.asdict(result)))
