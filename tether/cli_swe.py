@@ -92,3 +92,29 @@ def swe_grade(
     except SweError as exc:
         fail(str(exc))
     print(json.dumps(dataclasses.asdict(result)))
+
+
+@swe_app.command("isolate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def swe_isolate(
+    ctx: typer.Context,
+    hide: Annotated[list[Path], typer.Option(help="A folder the command must not see (repeat for more).")],
+) -> None:
+    """Run the command after `--` with the --hide folders empty (a mount namespace of its own): a rollout's agent
+    without the tasks' grading data and the package's clean tree."""
+    import os
+    import sys
+
+    from swe.isolate import hiding
+
+    command = list(ctx.args)
+    if not command:
+        fail("give the command to run after --", 2)
+    missing = [str(p) for p in hide if not p.is_dir()]
+    if missing:
+        fail(f"--hide: not a folder: {', '.join(missing)}", 2)
+    argv = hiding(hide, command)
+    if argv is None:
+        print("tether swe isolate: no mount namespace can be made here (unshare): the command sees every folder",
+              file=sys.stderr)
+        argv = command
+    os.execvp(argv[0], argv)

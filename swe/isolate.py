@@ -1,0 +1,43 @@
+"""A rollout's agent without sight of the grading data: folders hidden behind empty mounts, in a mount namespace
+of its own (`unshare`), where the platform allows one.
+
+The agent still reaches the gateway (the network is not cut: it is how it
+talks to the model); a Kubernetes rollout gets the same from its pod, which
+mounts only its working copy, and a NetworkPolicy that lets it reach only
+the gateway.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+# Each hidden folder gets an empty tmpfs over it; then the command runs in a user and mount namespace nested in
+# that one, where those mounts are locked: root there cannot unmount them to see what they cover.
+SCRIPT = 'unshare="$1"; shift; ' \
+         'while [ "$1" != "--" ]; do mount -t tmpfs -o size=64k tether-hidden "$1" || exit 97; shift; done; ' \
+         'shift; exec "$unshare" -rm "$@"'
+
+
+@cache
+def unshare() -> str | None:
+    """`unshare`, where it can make user and mount namespaces here."""
+    found = shutil.which("unshare")
+    if found is None:
+        return None
+    probe = [found, "-rm", "sh", "-c", SCRIPT, "sh", found, "/tmp", "--", "true"]
+    try:
+        return found if subprocess.run(probe, capture_output=True, timeout=10).returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def hiding(hidden: Sequence[Path], command: Sequence[str]) -> list[str] | None:
+    """The argv that runs `command` with `hidden` folders empty, or None where no namespaces can be made."""
+    found = unshare()
+    if found is None:
+        return None
+    return [found, "-rm", "sh", "-c", SCRIPT, "sh", found, *(str(p.resolve()) for p in hidden), "--", *command]

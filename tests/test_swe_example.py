@@ -1,0 +1,74 @@
+"""examples/swe end to end: mini-swe-agent, unmodified, on a task built from toolz, through the gateway (the
+scripted engine), the controller and the processors. One rollout of the group applies the real fix (reward 1),
+the other edits the failing tests (reward 0), and the task group forms with both."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.config import load_config
+from controller.main import run
+from schemas.settings import BusSettings
+from swe.build import load_instances
+from tests.conftest import scripted
+from tests.fakes.vllm import tool_call
+from tests.test_controller_examples import controller_settings
+from tests.test_harness_clis import group_of
+from tests.test_processors import processor
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def run_id(bus: BusSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    run_id = f"swe-{uuid.uuid4().hex[:8]}"
+    with processor(bus, tmp_path_factory.mktemp("swe-processors"), run_id, f"{run_id}-processors"):
+        yield run_id
+
+
+async def test_the_example_trains_on_built_tasks_a_fix_scores_1_and_a_hack_0(
+        bus: BusSettings, tiny_model: Path, toolz_tasks: Path, tmp_path: Path, run_id: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(EXAMPLES / "swe", examples / "swe", ignore=shutil.ignore_patterns("tasks", "work"))
+    shutil.copytree(EXAMPLES / "mini_swe_agent", examples / "mini_swe_agent", ignore=shutil.ignore_patterns("work"))
+    shutil.copytree(toolz_tasks, examples / "swe" / "tasks")
+    instance = next(iter(load_instances(toolz_tasks / "private" / "instances.jsonl").values()))
+    (examples / "swe" / "tasks" / "tasks.jsonl").write_text(  # one task: one group
+        (toolz_tasks / "tasks.jsonl").read_text().splitlines()[0] + "\n")
+    gold = tmp_path / "gold.patch"  # what the honest rollout "works out"; outside the hidden tasks folder
+    gold.write_text(instance.gold_patch)
+    test_file = instance.fail_to_pass[0].split("::")[0]
+    hack = "".join(f"\\n\\ndef {t.split('::')[-1]}():\\n    assert True\\n"
+                   for t in instance.fail_to_pass if t.startswith(test_file))
+    command = (f'test -z "$(ls -A ../../tasks)" && case "$TETHER_ROLLOUT_ID" in *.r0.a0) git apply {gold} ;; '
+               f"*) printf '{hack}' >> {test_file} ;; esac")
+    replies = (tool_call("bash", {"command": command}),
+               tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # `tether` and `mini`
+    config = load_config(examples / "swe" / "run.yaml").model_copy(update={"run_id": run_id})
+    with scripted(bus, tiny_model, tmp_path, replies, run_id) as gw:
+        view = await run(config, controller_settings(bus, gw))
+
+    rewards = {}
+    for rid, state in view.rollouts.items():
+        log = (config.run_dir / f"{rid}.log").read_text(errors="replace")
+        assert state.finished and state.finished.status == "succeeded", log[-3000:]
+        rewards[rid.rsplit(".", 2)[-2]] = state.finished.reward
+    assert rewards == {"r0": 1.0, "r1": 0.0}, rewards
+    hacked = examples / "swe" / "work" / next(r for r in view.rollouts if ".r1." in r) / test_file
+    assert "assert True" in hacked.read_text()  # the hack was made, and graded away
+
+    group = await group_of(bus, run_id, instance.id)
+    assert not group.partial and sorted(r.reward for r in group.rollouts) == [0.0, 1.0]
+    trained = [r for r in group.rollouts if r.reward == 1.0]
+    assert trained and trained[0].segments and any(any(s.loss_mask) for s in trained[0].segments)
+    assert json.loads(json.dumps(group.task_id)) == instance.id
