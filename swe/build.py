@@ -26,6 +26,7 @@ from swe.sources import fetch_sdist, unpack
 from swe.testrun import TestReport, run_tests
 
 Say = Callable[[str], None]
+SLOWER, SLOWER_S = 4.0, 20.0  # a candidate's test run may take 4x the clean one's, and at least 20 s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +63,10 @@ def build(requirement: str, out: Path, *, cache: Path, max_candidates: int, max_
         shutil.rmtree(out)
     out.mkdir(parents=True)
     base = unpack(fetch_sdist(requirement, cache), out / "base")
+    clean_started = time.perf_counter()
     baseline = [run_tests(base, timeout_s=timeout_s) for _ in range(2)]
+    # A bug that makes the tests loop is given a few times what the clean suite took, not the whole limit.
+    timeout_s = min(timeout_s, max(SLOWER_S, SLOWER * (time.perf_counter() - clean_started) / 2))
     if baseline[0].passed != baseline[1].passed or not baseline[0].passed:
         raise BuildError(f"{requirement}: its tests do not pass the same way twice on a clean tree "
                          f"({len(baseline[0].passed)} then {len(baseline[1].passed)} passed)")
@@ -74,6 +78,7 @@ def build(requirement: str, out: Path, *, cache: Path, max_candidates: int, max_
     kept: list[Instance] = []
     diffs: set[str] = set()
     reasons: Counter[str] = Counter()
+    said = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tether-swe-build-") as scratch:
         work = Path(shutil.copytree(base, Path(scratch) / "work", ignore=shutil.ignore_patterns(".git")))
         for n, (path, mutant) in enumerate(candidates, 1):
@@ -85,8 +90,9 @@ def build(requirement: str, out: Path, *, cache: Path, max_candidates: int, max_
             else:
                 diffs.add(instance.bug_patch)
                 kept.append(instance)
-            if n % 10 == 0 or n == len(candidates):
-                say(f"{n}/{len(candidates)} candidates, {len(kept)} kept ({time.perf_counter() - started:.0f} s)")
+            if n % 10 == 0 or n == len(candidates) or time.perf_counter() - said > 15:
+                said = time.perf_counter()
+                say(f"{n}/{len(candidates)} candidates, {len(kept)} kept ({said - started:.0f} s)")
     _write(out, kept, {"package": requirement, "candidates": len(candidates), "kept": len(kept),
                        "rejected": dict(reasons), "tests": len(baseline[0].passed),
                        "seconds": round(time.perf_counter() - started, 1),
