@@ -67,7 +67,12 @@ def build(requirement: str, out: Path, *, cache: Path, max_candidates: int, max_
     baseline = [run_tests(base, timeout_s=timeout_s) for _ in range(2)]
     # A bug that makes the tests loop is given a few times what the clean suite took, not the whole limit.
     timeout_s = min(timeout_s, max(SLOWER_S, SLOWER * (time.perf_counter() - clean_started) / 2))
-    if baseline[0].passed != baseline[1].passed or not baseline[0].passed:
+    if not baseline[0].passed:
+        first = next(iter(baseline[0].failed.items()), None)
+        raise BuildError(f"{requirement}: no test passes on the clean tree"
+                         + (f" ({len(baseline[0].failed)} failed; {first[0]}: {first[1][:300]})" if first else
+                            " (pytest collected none, or could not run: is pytest's version one its tests take?)"))
+    if baseline[0].passed != baseline[1].passed:
         raise BuildError(f"{requirement}: its tests do not pass the same way twice on a clean tree "
                          f"({len(baseline[0].passed)} then {len(baseline[1].passed)} passed)")
     say(f"{requirement}: {len(baseline[0].passed)} tests pass on the clean tree"

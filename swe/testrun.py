@@ -60,7 +60,7 @@ def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python
         report = Path(private) / f"{os.urandom(16).hex()}.xml"
         command = [*isolation, python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tb=short",
                    f"--junitxml={report}", *tests]
-        env = {**_clean_environment(), **BASE_ENV, "PYTHONPATH": str(repo)}
+        env = {**_clean_environment(), **BASE_ENV, "PYTHONPATH": os.pathsep.join(map(str, import_roots(repo)))}
         try:
             subprocess.run(command, cwd=repo, env=env, capture_output=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
@@ -70,6 +70,11 @@ def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python
     missing = {t: "did not run" for t in tests if t not in found.passed and t not in found.failed
                and t not in found.skipped}
     return TestReport(found.passed, {**found.failed, **missing}, found.skipped, isolated=bool(isolation))
+
+
+def import_roots(repo: Path) -> list[Path]:
+    """Where the package's modules are imported from: `src/` first in a src layout, then the repository."""
+    return [*([repo / "src"] if (repo / "src").is_dir() else []), repo]
 
 
 def read_junit(path: Path) -> TestReport:

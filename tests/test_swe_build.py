@@ -58,3 +58,16 @@ def test_an_unpinned_package_is_refused_naming_the_option() -> None:
     done = subprocess.run([sys.executable, "-m", "tether.cli", "swe", "build", "--package", "toolz"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "--package" in done.stderr and "NAME==VERSION" in done.stderr
+
+
+def test_a_src_layout_package_is_imported_from_src_and_results_come_from_the_report(tmp_path: Path) -> None:
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_pkg.py").write_text(
+        "import pkg\n\ndef test_double():\n    assert pkg.double(2) == 4\n\n"
+        "class TestMore:\n    def test_wrong(self):\n        assert pkg.double(1) == 3, 'one doubled'\n")
+    report = run_tests(tmp_path, timeout_s=120, tests=["tests/test_pkg.py", "tests/test_pkg.py::test_gone"])
+    assert report.passed == {"tests/test_pkg.py::test_double"}
+    assert "one doubled" in report.failed["tests/test_pkg.py::TestMore::test_wrong"]
+    assert not report.outcome("tests/test_pkg.py::test_gone")  # asked for and never run: failed
