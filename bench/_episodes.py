@@ -7,14 +7,12 @@ import asyncio
 import dataclasses
 import os
 import random
-import shutil
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
 
 from schemas import topics
 from schemas.calls import whole
@@ -27,8 +25,6 @@ from schemas.settings import BusSettings
 from schemas.topics import key_for, topic_for
 
 from _shared import ADMIN, SECRET
-
-console = Console(width=max(130, shutil.get_terminal_size().columns))
 
 K = 2
 REPLY = "I will run the failing test again and read what it prints before I change anything in the code."
