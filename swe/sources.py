@@ -27,13 +27,16 @@ def fetch_sdist(requirement: str, cache: Path) -> Path:
     if not version:
         raise SourceError(f"--package: pin a version, as NAME==VERSION (got {requirement!r})")
     cache.mkdir(parents=True, exist_ok=True)
-    stem = f"{name.replace('-', '_').lower()}-{version}"
-    found = [p for p in cache.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(stem.replace("-", "_"))]
-    if found:
+    stem = f"{name}_{version}".lower().replace("-", "_")
+
+    def cached() -> list[Path]:
+        return [p for p in cache.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(stem)]
+
+    if found := cached():
         return found[0]
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
                            "--dest", str(cache), requirement], capture_output=True, text=True, timeout=300)
-    found = [p for p in cache.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(stem.replace("-", "_"))]
+    found = cached()
     if done.returncode != 0 or not found:
         raise SourceError(f"pip could not download the source distribution of {requirement}: "
                           f"{done.stderr.strip()[-500:]}")
