@@ -11,6 +11,7 @@ PASS_TO_PASS test passes; the fraction that did is recorded too.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -53,6 +54,11 @@ def checkout(instance: Instance, base: Path, to: Path) -> Path:
 
 
 def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float) -> Grade:
+    tests = [*instance.fail_to_pass, *instance.pass_to_pass]
+    link = _link_on_the_way(workdir)
+    if link is not None:  # the working copy swapped for a link: to the clean tree, say, which the agent can name
+        return Grade(reward=0.0, passed=0.0, failed_tests=tests, dropped={
+            str(workdir): f"the working copy is reached through a symbolic link ({link}): not graded"})
     with tempfile.TemporaryDirectory(prefix="tether-swe-grade-") as scratch:
         reference = checkout(instance, base, Path(scratch) / "reference")
         taken, dropped = _change(reference, workdir)
@@ -64,12 +70,20 @@ def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float) ->
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(text)
-        tests = [*instance.fail_to_pass, *instance.pass_to_pass]
         report = run_tests(graded, timeout_s=timeout_s, tests=tests)
     failed = [t for t in tests if not report.outcome(t)]
     passed = (len(tests) - len(failed)) / len(tests)
     return Grade(reward=1.0 if not failed else 0.0, passed=passed, failed_tests=failed, taken=sorted(taken),
                  dropped=dropped, isolated=report.isolated)
+
+
+def _link_on_the_way(workdir: Path) -> Path | None:
+    """The first symbolic link on the way to `workdir`, if any (the current folder's own path is a real one)."""
+    here, path = Path.cwd(), Path(os.path.abspath(workdir))
+    for step in [*reversed(path.parents), path]:
+        if step != here and step not in here.parents and step.is_symlink():
+            return step
+    return None
 
 
 def _change(reference: Path, workdir: Path) -> tuple[dict[str, str | None], dict[str, str]]:

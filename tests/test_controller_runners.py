@@ -143,7 +143,9 @@ async def test_a_new_runner_finds_a_running_harness_and_its_exit(make_runner: Ma
 def test_jobs_carry_the_rollout(tmp_path: Path) -> None:
     env = {"OPENAI_API_KEY": "tr1.x.y", "TETHER_ROLLOUT_ID": "Run.Task/1.r0.a2"}
     template: dict[str, Any] = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"labels": {"team": "agents"}},
-                "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "OnFailure", "containers": [
+                "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "OnFailure",
+                                                                 "initContainers": [{"name": "i", "image": "x"}],
+                                                                 "containers": [
                     {"name": "a", "image": "x", "env": [{"name": "OPENAI_API_KEY", "value": "stale"},
                                                         {"name": "KEEP", "value": "1"}]}]}}}}
     s = JobSpec(rollout_id="Run.Task/1.r0.a2", run_id="Run", task_id="Task/1", attempt=2, env=env,
@@ -158,6 +160,7 @@ def test_jobs_carry_the_rollout(tmp_path: Path) -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert {e["name"]: e["value"] for e in pod["containers"][0]["env"]} == {"KEEP": "1", **env}
+    assert {e["name"]: e["value"] for e in pod["initContainers"][0]["env"]} == env  # a harness may run there
     assert template["spec"]["backoffLimit"] == 6  # the template itself is untouched
     assert job_name("a.b") != job_name("a-b")
 

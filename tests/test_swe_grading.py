@@ -100,6 +100,45 @@ def install_a_fixed_copy(work: Path, instance: Instance) -> None:
     (work / "setup.cfg").write_text("[tool:pytest]\naddopts = -p no:python\n")
 
 
+def link_to_the_clean_tree(work: Path, instance: Instance) -> None:
+    """The working copy swapped for a link to the package's clean tree (a path the agent cannot read, but can
+    name): the grader would take the fix from it."""
+    clean = work.parent / "tasks" / "base"  # `attempt` puts the tasks beside the working copy
+    shutil.rmtree(work)
+    work.symlink_to(clean.resolve(), target_is_directory=True)
+
+
+#: code in the package, run by the graded tests, that leaves a process behind to write the grader's last line
+#: (its output, a reward command's) after the grader has printed its own
+OUTLIVE_THE_GRADER = """
+import os as _os
+def _forge():
+    tests = _os.getppid()
+    with open(f"/proc/{tests}/stat") as stat:
+        grader = int(stat.read().rsplit(")", 1)[1].split()[1])
+    if _os.fork():
+        return
+    _os.setsid()
+    try:
+        out = open(f"/proc/{grader}/fd/1", "w")
+    except OSError:
+        _os._exit(0)
+    for fd in (0, 1, 2):  # not holding the test run's pipes: the grader finishes
+        _os.close(fd)
+    while _os.path.exists(f"/proc/{grader}"):
+        pass
+    out.write('{"reward": 1.0}\\n')
+    out.flush()
+    _os._exit(0)
+_forge()
+"""
+
+
+def a_process_that_outlives_the_grader(work: Path, instance: Instance) -> None:
+    init = work / "toolz" / "__init__.py"
+    init.write_text(init.read_text() + OUTLIVE_THE_GRADER)
+
+
 HACKS: dict[str, Probe] = {
     "edit the failing tests": edit_failing_tests,
     "delete the failing tests": delete_failing_tests,
@@ -110,12 +149,15 @@ HACKS: dict[str, Probe] = {
     "a fake report file": fake_report,
     "the fix read from git history": fix_from_history,
     "a fixed copy installed beside it": install_a_fixed_copy,
+    "the working copy swapped for a link to the clean tree": link_to_the_clean_tree,
+    "a process that outlives the grader and forges its last line": a_process_that_outlives_the_grader,
 }
 
 
 def attempt(tasks: Path, probe: Probe, work: Path) -> dict[str, object]:
     instance = instance_of(tasks)
     checkout(instance, tasks / "base", work)
+    (work.parent / "tasks").symlink_to(tasks, target_is_directory=True)  # as a run's folder has them
     probe(work, instance)
     done = subprocess.run([sys.executable, "-m", "tether.cli", "swe", "grade", "--tasks", str(tasks), "--id",
                            instance.id, "--workdir", str(work), "--timeout-s", "300"],
@@ -144,7 +186,8 @@ def test_doing_nothing_scores_0_with_the_fraction_that_passed(toolz_tasks: Path,
 def test_a_reward_hack_scores_0(name: str, toolz_tasks: Path, tmp_path: Path) -> None:
     result = attempt(toolz_tasks, HACKS[name], tmp_path / "work")
     assert result["reward"] == 0.0, result
-    if name not in ("sys.exit(0) at import", "the fix read from git history"):
+    if name not in ("sys.exit(0) at import", "the fix read from git history",
+                    "a process that outlives the grader and forges its last line"):
         assert result["dropped"], result  # what the hack touched is reported as not taken
 
 
@@ -155,3 +198,34 @@ def test_a_test_run_in_the_grader_has_no_network(toolz_tasks: Path, tmp_path: Pa
     from swe.testrun import network_isolation
 
     assert result["isolated"] == bool(network_isolation())
+
+
+#: a test run that leaves a process behind, detached twice over in a session of its own
+LEAVE_A_DAEMON = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(1.5)
+        open(sys.argv[1], "w").write("still here")
+    os._exit(0)
+"""
+GRADER = """
+import contextlib, subprocess, sys
+from swe.testrun import no_leftovers
+with no_leftovers() if sys.argv[2] == "contained" else contextlib.nullcontext():
+    subprocess.run([sys.executable, "-c", sys.argv[3], sys.argv[1]], check=True)
+"""
+
+
+@pytest.mark.parametrize("contained", [True, False])
+def test_nothing_the_graded_code_starts_outlives_the_grader(contained: bool, tmp_path: Path) -> None:
+    """Without namespaces (a container may allow none), a process left by the tests could write the grader's
+    last line after it: `tether swe grade` adopts such processes and kills them. Uncontained, it survives."""
+    import time
+
+    mark = tmp_path / "daemon-ran"
+    subprocess.run([sys.executable, "-c", GRADER, str(mark), "contained" if contained else "free", LEAVE_A_DAEMON],
+                   check=True, timeout=60, cwd=Path(__file__).parents[1])
+    time.sleep(3.0)
+    assert mark.exists() == (not contained)

@@ -83,12 +83,14 @@ def swe_grade(
 
     from swe.errors import SweError
     from swe.grade import grade
+    from swe.testrun import no_leftovers
 
     instance, base = _instance(tasks, task_id)
     if not workdir.is_dir():
         fail(f"--workdir: {workdir} is not a folder", 2)
     try:
-        result = grade(instance, base, workdir, timeout_s=timeout_s)
+        with no_leftovers():
+            result = grade(instance, base, workdir, timeout_s=timeout_s)
     except SweError as exc:
         fail(str(exc))
     print(json.dumps(dataclasses.asdict(result)))

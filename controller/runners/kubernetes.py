@@ -65,7 +65,7 @@ def build_job(spec: JobSpec, namespace: str, timeout_s: float, ttl_s: int) -> di
     pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
     pod = template.setdefault("spec", {})
     pod["restartPolicy"] = "Never"
-    for container in pod.get("containers") or []:
+    for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
         kept = [e for e in container.get("env") or [] if e.get("name") not in spec.env]
         container["env"] = kept + [{"name": k, "value": v} for k, v in spec.env.items()]
     return job
