@@ -42,6 +42,7 @@ from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
 from tests.conftest import RunningEngine, gateway, serve_engine
 from tests.factories import synthetic_run
+from tests.test_trainer_tracking import NAMES, tensorboard_scalars
 from trainer import checkpoint
 from trainer.config import TrainerConfig, load_config
 from trainer.errors import ConfigError, UpdateFailed
@@ -82,6 +83,9 @@ async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
                                engine_url=own_engine.url, batch_groups=2, max_updates=1, zero_variance="keep")
         state = await Trainer(config, bus).run()
         assert state.version == 1 and len(state.trained) == 2
+        logged = tensorboard_scalars(config.run_dir / "tensorboard")  # the default loggers: console, tensorboard
+        assert logged.keys() >= NAMES and logged["weight_version"] == [(1, 1.0)]
+        assert logged["reward/mean"][0][1] == pytest.approx(state.history[0]["mean_reward"])
 
         events = await control_events(bus, run_id)
         kinds = [(type(e).__name__, getattr(e, "version", None)) for e in events

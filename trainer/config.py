@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from schemas.config_file import load_model
 from trainer.errors import ConfigError
 
+Logger = Literal["console", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "file"]
+DEFAULT_LOGGERS: tuple[Logger, ...] = ("console", "tensorboard")
+
 
 class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -50,6 +53,13 @@ class TrainerConfig(BaseModel):
     workers: int = Field(2, ge=1, description="With backend verl: data-parallel workers (one per GPU; CPU "
                                               "processes where there is none).")
     seed: int = 0
+    logger: list[Logger] = Field(
+        default_factory=lambda: list(DEFAULT_LOGGERS),
+        description="Where every update's metrics go, as verl's trainer.logger (verl's tracking layer): "
+                    "wandb, mlflow and the others read their usual environment (WANDB_API_KEY, MLFLOW_TRACKING_URI).")
+    project: str = Field("tether", min_length=1, description="The project name the trackers file the run under.")
+    tensorboard_dir: Path | None = Field(None, description="TensorBoard's event files (default: the run's "
+                                                           "CHECKPOINT_DIR/RUN_ID/tensorboard).")
 
     @model_validator(mode="after")
     def _verl_has_no_reference(self) -> TrainerConfig:
@@ -66,7 +76,7 @@ class TrainerConfig(BaseModel):
 def load_config(path: Path) -> TrainerConfig:
     """Relative `model` and `checkpoint_dir` are relative to the file."""
     def relative(raw: dict[str, Any]) -> dict[str, Any]:
-        paths = ("model", "checkpoint_dir")
+        paths = ("model", "checkpoint_dir", "tensorboard_dir")
         return {**raw, **{k: str(path.parent / raw[k]) for k in paths if isinstance(raw.get(k), str)}}
 
     return load_model(path, TrainerConfig, ConfigError, relative)

@@ -50,6 +50,7 @@ from trainer.config import TrainerConfig
 from trainer.errors import DrainTimeout, EngineError, UpdateFailed
 from trainer.learner import pick_device
 from trainer.metrics import UpdateRecord
+from trainer.tracking import Timing, Tracker, open_tracking, scalars
 
 log = logging.getLogger("tether.trainer")
 UPDATE_ATTEMPTS = 3  # of one batch, when the backend loses its workers
@@ -134,6 +135,8 @@ class Session:
     state: TrainerState
     producer: EventProducer
     engine: EngineLink
+    tracker: Tracker | None = None
+    idle_since: float = field(default_factory=time.monotonic)  # the last update's end: agents at work since
 
 
 class Trainer:
@@ -188,8 +191,9 @@ class Trainer:
         backend, state = await asyncio.to_thread(self._open)
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         engine = EngineLink(self.config.engine_url)
+        tracker = await asyncio.to_thread(open_tracking, self.config) if self.config.logger else None
         async with EventProducer(self.bus, client_id=f"trainer-{self.config.run_id}") as producer:
-            run = Session(backend=backend, state=state, producer=producer, engine=engine)
+            run = Session(backend=backend, state=state, producer=producer, engine=engine, tracker=tracker)
             follower = asyncio.create_task(self._follow_control(producer))
             try:
                 await self._caught_up.wait()
@@ -201,6 +205,8 @@ class Trainer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await follower
                 await engine.aclose()
+                if tracker is not None:
+                    tracker.finish()
                 if self.backend is None:  # the loop opened it
                     await asyncio.to_thread(backend.close)
         return state
@@ -256,13 +262,16 @@ class Trainer:
         """One update: request it, wait for the gateways to drain, train, commit, publish."""
         state = run.state
         version = state.version + 1
+        started = time.monotonic()
         chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance,
                         self.config.credit, self.config.discount)
         await run.producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
                                                    n_task_groups=len(chosen.groups)))
         await self._wait_drained(run.producer, version)
+        drained = time.monotonic()
         # nothing chosen, nothing learnt: the version still advances, so the record stays one update per batch
         metrics = await asyncio.to_thread(run.backend.update, chosen.groups, state.version)
+        updated = time.monotonic()
         rewards = [r.reward for g in groups for r in g.rollouts]
         record = UpdateRecord(version=version, metrics=metrics, mean_reward=sum(rewards) / max(len(rewards), 1),
                               dropped_stale=chosen.stale, dropped_no_signal=chosen.no_signal, time=time.time())
@@ -272,6 +281,12 @@ class Trainer:
         for g in groups:
             state.trained[g.group_id] = version
         final = await self._commit(run, version)
+        committed = time.monotonic()
+        if run.tracker is not None:
+            timing = Timing(generation=started - run.idle_since, drain=drained - started, update=updated - drained,
+                            commit=committed - updated)
+            run.tracker.log(scalars(record, groups, timing), step=version)
+        run.idle_since = committed
         await run.producer.publish(record.event(self.config.run_id))
         await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=version,
                                                           checkpoint_path=str(final)))
