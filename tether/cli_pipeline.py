@@ -91,16 +91,26 @@ def rollouts_ls(run: Annotated[str, typer.Option("--run", help="The run id.")]) 
     settings = load_settings(BusSettings)
     with failing_cleanly():
         view = asyncio.run(read_run(settings, run))
+    Console().print(rollouts_table(view, run))
+
+
+def rollouts_table(view: RunView, run: str) -> Table:
+    """Ids are kept whole however narrow the terminal (people copy them); the reason wraps instead."""
     table = Table(title=f"rollouts of run {run}")
-    for column in ("rollout", "task", "attempt", "status", "exit", "reward", "seconds", "reason"):
-        table.add_column(column)
+    longest = {c: max((len(x) for x in xs), default=0) for c, xs in (
+        ("rollout", view.rollouts), ("task", [s.started.task_id for s in view.rollouts.values()]))}
+    for column in ("rollout", "task"):
+        table.add_column(column, no_wrap=True, min_width=longest[column])
+    for column in ("attempt", "status", "exit", "reward", "seconds"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("reason", overflow="fold")
     for rid, state in sorted(view.rollouts.items()):
         f = state.finished
         table.add_row(rid, state.started.task_id, str(state.started.attempt), f.status if f else "running",
                       "" if f is None or f.exit_code is None else str(f.exit_code),
                       "" if f is None or f.reward is None else f"{f.reward:g}",
                       "" if f is None else f"{f.duration_s:.1f}", (f.reason or "") if f else "")
-    Console().print(table)
+    return table
 
 
 @processors_app.command("run")

@@ -24,10 +24,10 @@ import yaml
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from schemas.events import Event, ModelCall, TaskGroup
+from tether.progress import Shown, status
 
 if TYPE_CHECKING:
     from tether.stack import StackSettings
@@ -82,7 +82,7 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
 
     tiny = settings.home / "models" / "tiny"
     if not (tiny / "tokenizer.json").exists():
-        with console.status("building the tiny model..."):
+        with status(console, "building the tiny model..."):
             init_tiny(tiny)
     agent = _agent_module()
     recipe = hashlib.sha256(Path(warm_start.__code__.co_filename).read_bytes()).hexdigest()[:8]  # the task too
@@ -93,12 +93,10 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
         console.print(f"warm-start: reusing {warm} ({settings.warm_steps} steps, trained in {warm_s:.0f} s by an "
                       f"earlier run; delete it to train again), loss {losses[0]:.3f} → {losses[-1]:.3f}")
         return warm, float(warm_s)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
-                  TimeElapsedColumn(), console=console) as bar:
-        job = bar.add_task("warm-start: the tool-call format", total=settings.warm_steps, loss="")
+    with Shown(console, "warm-start: the tool-call format", settings.warm_steps) as bar:
         _, losses, warm_s = warm_start(
             tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
-            on_step=lambda i, loss: bar.update(job, completed=i + 1, loss=f"loss {loss:.3f}"))
+            on_step=lambda i, loss: bar.update(i + 1, f"loss {loss:.3f}"))
     record.write_text(json.dumps({"losses": losses, "seconds": warm_s}))
     console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
                   f"{losses[-1]:.3f}")
@@ -135,7 +133,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         "max_staleness": 2, "zero_variance": "drop", "backend": settings.backend, "workers": settings.workers})
     stack = Stack(stack_settings)
     try:
-        with console.status("tether up: Kafka, engine, gateway, processors, trainer..."):
+        with status(console, "tether up: Kafka, engine, gateway, processors, trainer..."):
             stack.up()
         bus = stack.broker.client_settings()  # reading the run back as the cluster's admin
         agents = _start_controller(settings, stack_settings, stack.broker.client_env("controller"), run_dir)
@@ -150,7 +148,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         stored = asyncio.run(unique_groups(bus, settings.run_id))
         events, rebuilt = asyncio.run(replay(bus, settings.run_id, Policy()))
     finally:
-        with console.status("tether down..."):
+        with status(console, "tether down..."):
             stack.down()
     return Outcome(history=history, stored=stored, rebuilt=rebuilt, events=events)
 
@@ -237,17 +235,14 @@ def _train(stack: Any, settings: DemoSettings, console: Console,
 
     ckpts = stack.settings.run_dir / "checkpoints" / settings.run_id
     history: list[dict[str, float]] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
-                  TimeElapsedColumn(), console=console) as bar:
-        job = bar.add_task("RL updates", total=settings.updates, detail="agents running...")
+    with Shown(console, "RL updates", settings.updates) as bar:
         while len(history) < settings.updates:
             latest = checkpoint.latest(ckpts)
             if latest is not None:
                 history = checkpoint.load_state(latest).history
-                if history:
-                    h = history[-1]
-                    bar.update(job, completed=len(history), detail=f"v{h['version']:.0f} reward "
-                                                                   f"{h['mean_reward']:.3f} loss {h['loss']:.4f}")
+            h = history[-1] if history else None
+            bar.update(len(history), "agents running..." if h is None else
+                       f"v{h['version']:.0f} reward {h['mean_reward']:.3f} loss {h['loss']:.4f}")
             if agents.poll() is not None and stack.pid("trainer") is None:
                 break  # nothing more will come
             if len(history) >= NO_SIGNAL_UPDATES and not any(h["mean_reward"] for h in history):
