@@ -6,7 +6,7 @@ UV     := 0.13.9
 
 # The harness CLIs the examples run unmodified (Claude Code, Codex): pinned in examples/npm/package-lock.json and
 # installed into examples/npm/node_modules, never globally. Put examples/npm/node_modules/.bin on PATH to use them.
-.PHONY: setup system harnesses test lint run kafka-up kafka-down kafka-status bench lock clean
+.PHONY: setup system browser harnesses test lint run kafka-up kafka-down kafka-status bench lock clean
 
 setup: system $(VENV)/.installed
 
@@ -28,6 +28,16 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python --constraint requirements.lock -e '.[test]'
 	@touch $@
 
+# `tether view` is tested in headless Chromium (Debian's chromium and chromium-driver): installed here when we may
+# (root with apt-get); elsewhere its tests are skipped, saying so, until you install them
+# (Debian: sudo apt-get install chromium chromium-driver).
+browser:
+	@command -v chromedriver >/dev/null || [ -x /usr/bin/chromedriver ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make: installing chromium and chromium-driver (Debian)"; \
+	    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "make: browser tests need Chromium: sudo apt-get install chromium chromium-driver (skipped until then)"; fi; }
+
 harnesses: examples/npm/node_modules/.installed
 
 examples/npm/node_modules/.installed: examples/npm/package.json examples/npm/package-lock.json
@@ -39,7 +49,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint harnesses
+test: lint harnesses browser
 	$(BIN)/pytest
 
 run: setup

@@ -51,6 +51,7 @@ app.add_typer(cli_swe.swe_app, name="swe", rich_help_panel="Tasks")
 
 app.command("replay", rich_help_panel="Bus")(cli_pipeline.replay_run)
 app.command("analytics", rich_help_panel="Bus")(cli_pipeline.analytics)
+app.command("view", rich_help_panel="Bus")(cli_pipeline.view)
 app.command("up", rich_help_panel="Stack")(cli_stack.stack_up)
 app.command("down", rich_help_panel="Stack")(cli_stack.stack_down)
 app.command("status", rich_help_panel="Stack")(cli_stack.stack_status)

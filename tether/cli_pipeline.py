@@ -247,3 +247,34 @@ def trainer_verl_config(
     cfg = _config_or_exit(load_trainer_config, config, TrainerError)
     cpu = not (gpu or torch.cuda.is_available())
     typer.echo(OmegaConf.to_yaml(actor_config(cfg, cfg.workers, cpu=cpu), resolve=False))
+
+
+def view(
+    run: Annotated[str | None, typer.Option("--run", help="Only this run (default: every run on the topics).")]
+    = None,
+    dsn: Annotated[str | None, typer.Option(help="The page's store (default TETHER_VIEW_DSN, chdb://.tether/view).")]
+    = None,
+    model: Annotated[Path | None, typer.Option(help="A model folder: response tokens shown as its tokenizer's "
+                                                    "text.")] = None,
+    port: Annotated[int | None, typer.Option(help="Default 8765 (TETHER_VIEW_PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Default 127.0.0.1 (TETHER_VIEW_HOST).")] = None,
+    follow: Annotated[bool | None, typer.Option(help="Keep reading the topics (live runs).")] = None,
+) -> None:
+    """A web page for runs: curves, rollouts, task groups side by side, trajectories with token logprobs. It
+    reads the topics (Kafka: TETHER_BUS_*) into its own store, so it shows live and replayed runs alike."""
+    import uvicorn
+
+    from schemas.settings import BusSettings
+    from stream_processors.errors import ProcessorError
+    from stream_processors.view.app import create_app
+    from stream_processors.view.settings import ViewSettings
+
+    settings = load_settings(ViewSettings, run_id=run, dsn=dsn, model=model, port=port, host=host, follow=follow)
+    if settings.model is not None and not (settings.model / "config.json").exists():
+        fail(f"--model: {settings.model} is not a model folder (no config.json)", 2)
+    try:
+        app = create_app(settings, load_settings(BusSettings))
+    except ProcessorError as exc:
+        fail(str(exc))
+    console.print(f"tether view: http://{settings.host}:{settings.port}/", highlight=False)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

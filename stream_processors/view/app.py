@@ -1,0 +1,86 @@
+"""`tether view`'s process: the run's topics projected into the store, and the pages served over it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from schemas import topics
+from schemas.consumer import EventConsumer
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from stream_processors.view.pages import router
+from stream_processors.view.reads import Decoder, RunReads
+from stream_processors.view.settings import ViewSettings
+from stream_processors.view.store import ViewStore
+
+log = logging.getLogger("tether.view")
+TOPICS = (topics.CALLS, topics.ROLLOUTS, topics.SAMPLES, topics.CONTROL)
+
+
+async def project(store: ViewStore, bus: BusSettings, run_id: str | None, follow: bool,
+                  caught_up: asyncio.Event) -> None:
+    """The topics from the start into the store; then, following, what arrives (a refresh shows it)."""
+    async with EventProducer(bus, client_id="tether-view") as dlq, \
+            EventConsumer(bus, TOPICS, dlq, name="tether-view") as consumer:
+        ends = await consumer.end_offsets()
+        async for batch in consumer.batches(timeout_ms=500):
+            if batch:
+                await asyncio.to_thread(store.add, [r.event for r in batch], run_id)
+            if not caught_up.is_set() and all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                caught_up.set()
+                log.info("the store holds everything the topics held at start")
+                if not follow:
+                    return
+
+
+def decoder(model: Path | None) -> Decoder | None:
+    """Each response token as text, by the model's tokenizer."""
+    if model is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def decode(token_ids: list[int]) -> list[str]:
+        return [str(tokenizer.decode([i])) for i in token_ids]
+
+    return decode
+
+
+def create_app(settings: ViewSettings, bus: BusSettings) -> FastAPI:
+    store = ViewStore(settings.dsn)
+    reads = RunReads(store, decoder(settings.model))
+    caught_up = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(project(store, bus, settings.run_id, settings.follow, caught_up))
+
+        def stopped(t: asyncio.Task[None]) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                log.error("reading the topics stopped: %r", t.exception())
+
+        task.add_done_callback(stopped)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    app = FastAPI(title="Tether view", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
+    app.include_router(router(reads))
+
+    @app.get("/health")
+    def health() -> dict[str, bool]:
+        return {"caught_up": caught_up.is_set()}
+
+    return app

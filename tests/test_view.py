@@ -1,0 +1,264 @@
+"""`tether view` in a real browser: a recorded run on the topics, the page's process reading them, and headless
+Chromium (Debian's chromium and chromium-driver, driven by selenium) opening every view. Each view must show its
+elements with no error in the browser's console; a screenshot of each is written (to TETHER_VIEW_SCREENSHOTS when
+set: that is how docs/view/ is made)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver import Chrome as WebDriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from infra.processes import free_port, stop
+from schemas import events as ev
+from schemas.producer import EventProducer
+from schemas.settings import BusSettings
+from stream_processors.grouping import Policy
+from stream_processors.pipeline import rebuild
+from tests.conftest import spawn
+from tests.factories import T0, as_recorded
+
+CHROMEDRIVER = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists()
+                                                else None)
+SYSTEM = "You answer with a tool call. Tools: `look(letter)` shows a card, `submit(letter)` ends the task."
+
+
+def chat_call(rng: random.Random, *, run_id: str, rid: str, seq: int, messages: list[dict[str, object]],
+              version: int, final: bool) -> tuple[ev.ModelCall, dict[str, Any]]:
+    """One chat call as the gateway records it, and the assistant message the harness appends."""
+    letter = rng.choice("ABCD")
+    name = "submit" if final else "look"
+    tool_call = {"id": f"call_{rid[-6:]}_{seq}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps({"letter": letter})}}
+    text = f"I will {name} {letter}."
+    message = {"role": "assistant", "content": text, "tool_calls": [tool_call]}
+    response = {"id": f"chatcmpl-{seq}", "object": "chat.completion", "model": "tiny",
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    request = {"model": "tiny", "messages": messages, "max_tokens": 40,
+               "tools": [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("look", "submit")]}
+    tokens = [rng.randrange(3, 1000) for _ in range(rng.randint(8, 16))]
+    received = T0 + timedelta(seconds=seq * 2)
+    call = ev.ModelCall(
+        call_id=f"{rid}-c{seq}", rollout_id=rid, run_id=run_id, gateway_id="gw-0", seq=seq, api="openai.chat",
+        model="tiny", request_json=json.dumps(request), response_json=json.dumps(response),
+        prompt_token_ids=[rng.randrange(3, 1000) for _ in range(20 + 30 * seq)], response_token_ids=tokens,
+        response_logprobs=[-rng.expovariate(1.5) for _ in tokens], weight_version=version,
+        sampling=ev.Sampling(temperature=1.0, top_p=1.0, max_tokens=40, seed=None),
+        usage=ev.Usage(prompt_tokens=20 + 30 * seq, completion_tokens=len(tokens)),
+        timings=ev.Timings(received_at=received, finished_at=received + timedelta(milliseconds=rng.randint(40, 90)),
+                           queued_ms=rng.random() * 5, engine_ms=rng.uniform(30, 60)),
+        finish_reason="tool_calls")
+    return call, message
+
+
+def rollout(rng: random.Random, run_id: str, gid: str, task: str, k: int, version: int,
+            reward: float | None) -> list[ev.Event]:
+    rid = f"{gid}.r{k}.a0"
+    out: list[ev.Event] = [ev.RolloutStarted(rollout_id=rid, run_id=run_id, group_id=gid, task_id=task,
+                                             task_json=json.dumps({"id": task}), group_size=3,
+                                             weight_version=version, started_at=T0)]
+    messages: list[dict[str, object]] = [{"role": "system", "content": SYSTEM},
+                                         {"role": "user", "content": f"Task {task}: find the letter A."}]
+    calls = []
+    for seq in range(rng.randint(2, 3)):
+        final = seq == 2 or (seq == 1 and rng.random() < 0.5)
+        call, answer = chat_call(rng, run_id=run_id, rid=rid, seq=seq, messages=list(messages), version=version,
+                                 final=final)
+        calls.append(call.call_id)
+        out.append(call)
+        tool_id = answer["tool_calls"][0]["id"]
+        messages += [answer, {"role": "tool", "tool_call_id": tool_id, "content": f"card {seq}: {rng.choice('ABCD')}"}]
+        if final:
+            break
+    out.append(ev.RolloutSealed(rollout_id=rid, run_id=run_id, call_ids=calls, sealed_at=T0))
+    out.append(ev.RolloutFinished(rollout_id=rid, run_id=run_id, status="succeeded" if reward is not None else
+                                  "failed", exit_code=0 if reward is not None else 1, reward=reward,
+                                  reason=None if reward is not None else "the harness exited with code 1",
+                                  duration_s=4.0 + k, finished_at=T0 + timedelta(seconds=10)))
+    return out
+
+
+def recorded_run(run_id: str, seed: int = 0) -> list[ev.Event]:
+    """Four task groups of three rollouts over two weight versions, with two updates, as the services record
+    them (calls as their differences)."""
+    rng = random.Random(seed)
+    out: list[ev.Event] = []
+    for g in range(4):
+        version = g // 2
+        rewards: list[float | None] = [1.0, 0.0, 1.0] if g % 2 == 0 else [0.0, 1.0, None]
+        for k, reward in enumerate(rewards):
+            out += rollout(rng, run_id, f"{run_id}.letters-{g}/0", f"letters-{g}", k, version, reward)
+    out = as_recorded(out)
+    out += rebuild(out, run_id, Policy())
+    for version in (1, 2):
+        out.append(ev.TrainerStep(run_id=run_id, version=version, task_groups=2, tokens=300 * version,
+                                  mean_reward=0.4 + 0.2 * version, loss=0.05 / version, entropy=2.0, clip_fraction=0.1,
+                                  kl=0.01, grad_norm=1.0, staleness_mean=0.5, staleness_max=1.0, dropped_stale=0,
+                                  dropped_no_signal=0, seconds=3.0))
+        out.append(ev.WeightVersionPublished(run_id=run_id, version=version, checkpoint_path=f"/ckpt/v{version}"))
+    return out
+
+
+async def publish(bus: BusSettings, events: list[ev.Event]) -> None:
+    async with EventProducer(bus) as producer:
+        await producer.publish_many(events)
+
+
+@dataclass(frozen=True)
+class View:
+    url: str
+    run_id: str
+    bus: BusSettings
+
+
+@pytest.fixture(scope="module")
+def view(bus: BusSettings, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
+    run_id = f"view-{uuid.uuid4().hex[:8]}"
+    asyncio.run(publish(bus, recorded_run(run_id)))
+    folder = tmp_path_factory.mktemp("view")
+    port = free_port()
+    url, process = spawn(["tether.cli", "view", "--run", run_id, "--dsn", f"chdb://{folder / 'store'}", "--model",
+                          str(tiny_model), "--port", str(port)], folder / "view.log", "tether view", port,
+                         {"TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers})
+    try:
+        deadline = time.monotonic() + 60
+        while not httpx.get(f"{url}/health").json()["caught_up"]:
+            assert time.monotonic() < deadline, (folder / "view.log").read_text()
+            time.sleep(0.2)
+        yield View(url, run_id, bus)
+    finally:
+        stop(process)
+
+
+def test_rollouts_filter_and_bad_filters_get_a_clear_error(view: View) -> None:
+    rollouts = f"{view.url}/api/runs/{view.run_id}/rollouts"
+    every = httpx.get(rollouts).json()
+    assert len(every) == 12 and {r["status"] for r in every} == {"succeeded", "failed"}
+    assert len(httpx.get(rollouts, params={"status": "failed"}).json()) == 2
+    assert {r["task_id"] for r in httpx.get(rollouts, params={"task": "letters-1"}).json()} == {"letters-1"}
+    assert {r["version"] for r in httpx.get(rollouts, params={"version": "1"}).json()} == {1}
+    assert all(r["reward"] >= 0.5 for r in httpx.get(rollouts, params={"reward_min": "0.5"}).json())
+    assert len(httpx.get(rollouts, params={"version": "", "task": ""}).json()) == 12  # a blank form field
+    bad = httpx.get(rollouts, params={"version": "latest"})
+    assert bad.status_code == 422 and "version" in bad.text
+    assert httpx.get(f"{view.url}/runs/{view.run_id}/rollouts/no-such-rollout").status_code == 404
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    if CHROMEDRIVER is None or not (shutil.which("chromium") or Path("/usr/bin/chromium").exists()):
+        pytest.skip("Chromium is not installed: `sudo apt-get install chromium chromium-driver` (make setup "
+                    "installs them when it runs as root)")
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def screenshots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("TETHER_VIEW_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def visit(driver: WebDriver, url: str, view_name: str, shot: Path) -> list[dict[str, object]]:
+    """Open `url`, check it is the view asked for, screenshot it; returns the console's messages."""
+    driver.get(url)
+    main = driver.find_element(By.ID, "view")
+    assert main.get_attribute("data-view") == view_name
+    driver.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+    logs: list[dict[str, object]] = driver.get_log("browser")
+    assert not [entry for entry in logs if entry["level"] == "SEVERE"], logs
+    return logs
+
+
+def test_every_view_in_headless_chromium(view: View, browser: WebDriver, tmp_path: Path) -> None:
+    def find(css: str) -> list[WebElement]:
+        return browser.find_elements(By.CSS_SELECTOR, css)
+
+    shots = screenshots(tmp_path)
+    run = view.run_id
+    visit(browser, f"{view.url}/", "runs", shots / "runs.png")
+    assert [a.text for a in find("#runs td.id a")] == [run]
+
+    visit(browser, f"{view.url}/runs/{run}", "run", shots / "run.png")
+    charts = {f.get_attribute("data-chart"): f for f in find("figure.chart")}
+    assert len(charts) == 6
+    assert len(charts["mean reward by update"].find_elements(By.CSS_SELECTOR, "circle")) == 2
+    band = charts["reward by sampling weight version (± spread)"]
+    assert band.find_elements(By.CSS_SELECTOR, "polygon")  # the spread
+    assert [c.text for c in find("#latency td:first-child")] == ["openai.chat"]
+
+    visit(browser, f"{view.url}/runs/{run}/rollouts?status=failed", "rollouts", shots / "rollouts.png")
+    rows = find("#rollouts tbody tr")
+    assert len(rows) == 2 and all("failed" in r.text for r in rows)
+    Select(browser.find_element(By.NAME, "status")).select_by_value("")
+    browser.find_element(By.CSS_SELECTOR, "#filters button").click()
+    WebDriverWait(browser, 10).until(lambda _: len(find("#rollouts tbody tr")) == 12)
+
+    group = f"{run}.letters-0/0"
+    visit(browser, f"{view.url}/runs/{run}/groups/{quote(group)}", "group", shots / "group.png")
+    members = find("#members article")
+    assert len(members) == 3
+    rewards = [m.find_element(By.CSS_SELECTOR, ".reward").text for m in members]
+    advantages = [m.find_element(By.CSS_SELECTOR, ".advantage").text for m in members]
+    assert rewards == ["1", "0", "1"] and advantages == ["+0.707", "-1.414", "+0.707"]
+    assert all(m.find_element(By.CSS_SELECTOR, "pre.answer").text.startswith("I will")
+               for m in members)
+
+    rollout_id = f"{group}.r1.a0"
+    visit(browser, f"{view.url}/runs/{run}/rollouts/{quote(rollout_id)}", "trajectory", shots / "trajectory.png")
+    calls = find("#calls li.call")
+    assert len(calls) >= 2
+    last = calls[-1]
+    roles = [r.text for r in last.find_elements(By.CSS_SELECTOR, ".message .role")]
+    assert roles[:3] == ["SYSTEM", "USER", "ASSISTANT"] and "TOOL" in roles  # the messages as the harness sent them
+    assert last.find_elements(By.CSS_SELECTOR, "pre.tool-call")
+    tokens = last.find_elements(By.CSS_SELECTOR, ".tokens .tok")
+    assert tokens and all("logprob" in (t.get_attribute("title") or "") for t in tokens)
+    assert not any(t.text.startswith("#") for t in tokens)  # decoded by the model's tokenizer, not ids
+    colours = {t.value_of_css_property("background-color") for t in tokens}
+    assert len(colours) > 1  # coloured by logprob
+
+
+def test_a_refresh_shows_rollouts_that_arrived_since(view: View, browser: WebDriver) -> None:
+    url = f"{view.url}/runs/{view.run_id}/rollouts"
+    browser.get(url)
+    before = len(browser.find_elements(By.CSS_SELECTOR, "#rollouts tbody tr"))
+    gid = f"{view.run_id}.letters-late/0"
+    asyncio.run(publish(view.bus, rollout(random.Random(7), view.run_id, gid, "letters-late", 0, 2, 1.0)))
+    deadline = time.monotonic() + 30
+    while True:
+        browser.refresh()
+        rows = browser.find_elements(By.CSS_SELECTOR, "#rollouts tbody tr")
+        if len(rows) > before or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(rows) == before + 1 and any("letters-late" in r.text for r in rows)
+

@@ -1,0 +1,57 @@
+"""The page's pure parts: advantages as the trainer's default, each API's conversation and answer, the charts."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stream_processors.view.charts import Series, chart
+from stream_processors.view.reads import advantages, answer_of, conversation
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=8))
+def test_advantages_are_centred_and_scaled_over_the_rewarded(rewards: list[float | None]) -> None:
+    got = advantages(rewards)
+    assert [g is None for g in got] == [r is None for r in rewards]
+    known = [g for g in got if g is not None]
+    if known:
+        assert abs(statistics.fmean(known)) < 1e-6
+        spread = statistics.pstdev([r for r in rewards if r is not None])
+        assert abs(statistics.pstdev(known) - (1.0 if spread >= 1e-12 else 0.0)) < 1e-6
+
+
+def test_each_api_gives_its_messages_tools_text_and_tool_calls() -> None:
+    chat = {"choices": [{"message": {"content": "hi", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{\"x\": 1}"}}]}}]}
+    assert answer_of("openai.chat", chat) == ("hi", [{"name": "look", "arguments": "{\"x\": 1}"}])
+    anthropic = {"content": [{"type": "text", "text": "ok"}, {"type": "tool_use", "name": "bash", "input": {"c": 1}}]}
+    assert answer_of("anthropic.messages", anthropic) == ("ok", [{"name": "bash", "arguments": {"c": 1}}])
+    responses = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "done"}]},
+                            {"type": "function_call", "name": "shell", "arguments": "{}"}]}
+    assert answer_of("openai.responses", responses) == ("done", [{"name": "shell", "arguments": "{}"}])
+    assert answer_of("openai.completions", {"choices": [{"text": "abc"}]}) == ("abc", [])
+
+    messages, tools = conversation("anthropic.messages", {"system": "be brief", "messages": [
+        {"role": "user", "content": "q"}], "tools": [{"name": "bash"}]})
+    assert [m["role"] for m in messages] == ["system", "user"] and tools == ["bash"]
+    messages, tools = conversation("openai.responses", {"instructions": "sys", "input": "do it",
+                                                        "tools": [{"type": "function", "name": "shell"}]})
+    assert messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
+    assert tools == ["shell"]
+    messages, tools = conversation("openai.chat", {"messages": [{"role": "user", "content": "q"}], "tools": [
+        {"type": "function", "function": {"name": "look"}}]})
+    assert messages == [{"role": "user", "content": "q"}] and tools == ["look"]
+
+
+def test_a_chart_has_a_point_per_value_with_its_value_on_hover_and_escapes_names() -> None:
+    svg = chart("reward <by> version", [Series("mean", [(0, 0.5), (1, 0.75), (2, 1.0)], spread=[0.1, 0.2, 0.0])],
+                "version", "reward")
+    assert svg.count("<circle") == 3 and "<polygon" in svg
+    assert "mean at 1: 0.75 ± 0.2" in svg and "reward &lt;by&gt; version" in svg and "<by>" not in svg
+    assert re.findall(r'class="tick" text-anchor="middle">([^<]+)<', svg) == ["0", "1", "2"]  # whole versions
+    assert "no data yet" in chart("empty", [Series("x", [])], "x", "y")
+    bars = chart("calls", [Series("rollouts", [(1, 3.0), (2, 5.0)], bars=True)], "calls", "rollouts")
+    assert bars.count("<rect") == 2
