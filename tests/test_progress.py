@@ -9,18 +9,20 @@ from rich.console import Console
 from tether.progress import Shown, status
 
 
-def test_a_log_gets_a_line_per_step_and_one_while_nothing_moves() -> None:
+def test_a_log_gets_a_line_per_step_at_most_every_few_seconds_and_one_while_nothing_moves() -> None:
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)
     now = [0.0]
-    with Shown(console, "RL updates", 3, every_s=30.0, clock=lambda: now[0]) as bar:
+    with Shown(console, "RL updates", 4, every_s=30.0, gap_s=5.0, clock=lambda: now[0]) as bar:
         for t, done, detail in [(1, 0, "agents running..."), (10, 0, "agents running..."), (40, 0, "still"),
-                                (50, 1, "v1 reward 0.250"), (51, 1, "v1 reward 0.250"), (60, 2, "v2 reward 0.5")]:
+                                (50, 1, "v1 reward 0.250"), (51, 1, "v1 reward 0.250"), (52, 2, "v2 (too soon)"),
+                                (60, 3, "v3 reward 0.5"), (61, 4, "v4 (the last)")]:
             now[0] = t
             bar.update(done, detail)
     assert out.getvalue().splitlines() == [
-        "RL updates: 0/3 agents running... (1 s)", "RL updates: 0/3 still (40 s)",
-        "RL updates: 1/3 v1 reward 0.250 (50 s)", "RL updates: 2/3 v2 reward 0.5 (60 s)"]
+        "RL updates: 0/4 agents running... (1 s)", "RL updates: 0/4 still (40 s)",
+        "RL updates: 1/4 v1 reward 0.250 (50 s)", "RL updates: 3/4 v3 reward 0.5 (60 s)",
+        "RL updates: 4/4 v4 (the last) (61 s)"]
 
 
 def test_a_terminal_gets_a_bar_and_no_lines_per_step() -> None:

@@ -14,13 +14,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class Shown(AbstractContextManager["Shown"]):
-    """`update(completed, detail)` moves the bar, or prints `description: N/TOTAL detail (elapsed)` when the
-    count moves, and at least every `every_s` while it does not (so a quiet log still says it is alive)."""
+    """`update(completed, detail)` moves the bar, or prints `description: N/TOTAL detail (elapsed)`: when the
+    count moves (at most one line per `gap_s`, and always the last), and every `every_s` while it does not, so a
+    quiet log still says it is alive."""
 
     def __init__(self, console: Console, description: str, total: int, *, every_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.console, self.description, self.total, self.every_s, self.clock = (console, description, total,
-                                                                                  every_s, clock)
+                 gap_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console, self.description, self.total, self.every_s, self.gap_s, self.clock = (
+            console, description, total, every_s, gap_s, clock)
         self._bar: Progress | None = None
         self._job: Any = None
         self._started = self._said_at = clock()
@@ -40,7 +41,9 @@ class Shown(AbstractContextManager["Shown"]):
             self._bar.update(self._job, completed=completed, detail=detail)
             return
         now = self.clock()
-        if completed != self._said or now - self._said_at >= self.every_s:
+        moved = completed != self._said and (now - self._said_at >= self.gap_s or completed >= self.total
+                                             or self._said is None)
+        if moved or now - self._said_at >= self.every_s:
             self._said, self._said_at = completed, now
             self.console.print(f"{self.description}: {completed}/{self.total} {detail} ({now - self._started:.0f} s)",
                                highlight=False, soft_wrap=True)
