@@ -184,7 +184,7 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str,
     dsn = f"chdb://{(run_dir / 'clickhouse').resolve()}"
     table = Table(title=f"Tether demo: run {settings.run_id}")
     table.add_column("figure")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # paths and commands whole, to copy
     table.add_row("task", f"openai-SDK agent: of {OPTIONS} letters, `submit` A (a tool call; malformed scores 0)")
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-W, H, PAD_L, PAD_R, PAD_T, PAD_B = 420, 220, 52, 12, 28, 36
+W, H, PAD_L, PAD_R, PAD_T, PAD_B = 420, 220, 58, 12, 28, 36
 
 
 @dataclass(frozen=True)
@@ -19,14 +19,19 @@ class Series:
     bars: bool = False
 
 
+def _step(lo: float, hi: float, whole: bool) -> float:
+    """A round tick step (1, 2 or 5 times a power of ten) giving about five ticks; at least 1 on a count."""
+    raw = (hi - lo) / 4 or 1.0
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return max(step, 1.0) if whole else step
+
+
 def _ticks(lo: float, hi: float, whole: bool = False) -> list[float]:
-    """Five even ticks; whole numbers only, where the axis counts (versions, calls)."""
-    if hi == lo:
-        return [lo]
-    if whole:
-        step = max(1, math.ceil((hi - lo) / 5))
-        return [float(v) for v in range(math.ceil(lo), math.floor(hi) + 1, step)]
-    return [lo + (hi - lo) * i / 4 for i in range(5)]
+    """Round ticks within [lo, hi]; whole numbers only where the axis counts (versions, calls)."""
+    step = _step(lo, hi, whole)
+    first = math.ceil(lo / step - 1e-9)
+    return [round(i * step, 12) for i in range(first, math.floor(hi / step + 1e-9) + 1)]
 
 
 def _label(v: float) -> str:
@@ -44,14 +49,16 @@ def chart(title: str, series: Sequence[Series], x_label: str, y_label: str) -> s
                                                                                             strict=True)] + \
         [y - d for s in series if s.spread for (_, y), d in zip(s.points, s.spread, strict=True)]
     x0, x1 = min(xs), max(xs)
-    y0, y1 = min([*ys, 0.0]), max(ys)
+    y0, y1 = min([*ys, 0.0]), max([*ys, 0.0])  # zero in sight: a loss near 0 looks it
     whole = all(float(x).is_integer() for x in xs)
     gaps = [b - a for a, b in zip(sorted(set(xs)), sorted(set(xs))[1:], strict=False)]
-    step = min(gaps, default=1.0)
+    gap = min(gaps, default=1.0)
     if any(s.bars for s in series) or x1 == x0:  # room for the first and last bar
-        x0, x1 = x0 - step / 2, x1 + step / 2
+        x0, x1 = x0 - gap / 2, x1 + gap / 2
     if y1 == y0:
         y1 = y0 + 1
+    step = _step(y0, y1, False)
+    y0, y1 = math.floor(y0 / step + 1e-9) * step, math.ceil(y1 / step - 1e-9) * step  # out to round ticks
 
     def sx(x: float) -> float:
         return PAD_L + (x - x0) / (x1 - x0) * (W - PAD_L - PAD_R)
@@ -69,7 +76,7 @@ def chart(title: str, series: Sequence[Series], x_label: str, y_label: str) -> s
         out.append(f'<text x="{sx(t):.1f}" y="{H - PAD_B + 14}" class="tick" text-anchor="middle">{_label(t)}</text>')
     out.append(f'<text x="{W / 2}" y="{H - 4}" class="axis">{escape(x_label)}</text>'
                f'<text x="12" y="{H / 2}" class="axis" transform="rotate(-90 12 {H / 2})">{escape(y_label)}</text>')
-    width = max(2.0, step / (x1 - x0) * (W - PAD_L - PAD_R) * 0.7)
+    width = max(2.0, gap / (x1 - x0) * (W - PAD_L - PAD_R) * 0.7)
     for s in series:
         colour = escape(s.colour)
         if s.spread:

@@ -174,7 +174,7 @@ ROLLOUTS = """
 SELECT r.rollout_id AS rollout_id, r.group_id AS group_id, r.task_id AS task_id, r.attempt AS attempt,
        if(f.rollout_id = '', 'running', f.status) AS status, f.reward AS reward,
        if(f.rollout_id = '', NULL, f.duration_s) AS duration_s, f.reason AS reason,
-       c.version AS version, c.calls AS calls
+       c.version AS version, c.calls AS calls, r.started_at AS started_at
 FROM (SELECT * FROM rollouts FINAL WHERE run_id = {run:String}) AS r
 LEFT JOIN (SELECT * FROM rollout_results FINAL WHERE run_id = {run:String}) AS f USING (rollout_id)
 LEFT JOIN (SELECT rollout_id, min(weight_version) AS version, count() AS calls FROM calls FINAL
@@ -230,7 +230,8 @@ class RunReads:
         if filters.reward_max is not None:
             where.append("reward <= {reward_max:Float64}")
             parameters["reward_max"] = str(filters.reward_max)
-        rows = self.store.rows(f"SELECT * FROM ({ROLLOUTS}) WHERE {' AND '.join(where)} ORDER BY rollout_id",
+        rows = self.store.rows(f"SELECT * FROM ({ROLLOUTS}) WHERE {' AND '.join(where)} "
+                               "ORDER BY started_at, rollout_id",
                                **parameters)
         return [_rollout(r) for r in rows]
 
