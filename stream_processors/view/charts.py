@@ -22,7 +22,7 @@ class Series:
 def _step(lo: float, hi: float, whole: bool) -> float:
     """A round tick step (1, 2 or 5 times a power of ten) giving about five ticks; at least 1 on a count."""
     raw = (hi - lo) / 4 or 1.0
-    power = 10 ** math.floor(math.log10(raw))
+    power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     return max(step, 1.0) if whole else step
 
