@@ -237,6 +237,8 @@ def test_every_view_in_headless_chromium(view: View, browser: WebDriver, tmp_pat
     calls = find("#calls li.call")
     assert len(calls) >= 2
     last = calls[-1]
+    whole = 20 + 30 * (len(calls) - 1)  # the call's whole prompt, though it was recorded as what it adds
+    assert f"{whole} prompt tokens" in last.find_element(By.CSS_SELECTOR, ".call-head").text
     roles = [r.text for r in last.find_elements(By.CSS_SELECTOR, ".message .role")]
     assert roles[:3] == ["SYSTEM", "USER", "ASSISTANT"] and "TOOL" in roles  # the messages as the harness sent them
     assert last.find_elements(By.CSS_SELECTOR, "pre.tool-call")

@@ -262,8 +262,8 @@ class RunReads:
         if not found:
             return None
         rows = self.store.rows(
-            "SELECT * FROM call_contents FINAL INNER JOIN (SELECT call_id, api, latency_ms FROM calls FINAL "
-            "WHERE run_id = {run:String}) AS a USING (call_id) WHERE run_id = {run:String} AND "
+            "SELECT * FROM call_contents FINAL INNER JOIN (SELECT call_id, api, latency_ms, prompt_tokens "
+            "FROM calls FINAL WHERE run_id = {run:String}) AS a USING (call_id) WHERE run_id = {run:String} AND "
             "rollout_id = {rid:String} ORDER BY seq, choice_index", run=run, rid=rollout_id)
         requests: dict[str, str] = {}
         calls = []

@@ -22,13 +22,13 @@ CONTENTS = """
 CREATE TABLE IF NOT EXISTS call_contents (
     run_id String, rollout_id String, call_id String, seq UInt32, choice_index UInt32, request_json String,
     response_json String, response_token_ids Array(UInt32), response_logprobs Array(Float64),
-    prompt_tokens UInt32, extends Nullable(String), request_head UInt64, request_tail UInt64,
+    extends Nullable(String), request_head UInt64, request_tail UInt64,
     weight_version Int64, status String, error Nullable(String), engine_ms Float64, queued_ms Float64,
     received_at DateTime64(6, 'UTC'), finished_at DateTime64(6, 'UTC')
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id, call_id)
 """
 CONTENT_COLUMNS = ["run_id", "rollout_id", "call_id", "seq", "choice_index", "request_json", "response_json",
-                   "response_token_ids", "response_logprobs", "prompt_tokens", "extends", "request_head",
+                   "response_token_ids", "response_logprobs", "extends", "request_head",
                    "request_tail", "weight_version", "status", "error", "engine_ms", "queued_ms", "received_at",
                    "finished_at"]
 
@@ -36,9 +36,9 @@ CONTENT_COLUMNS = ["run_id", "rollout_id", "call_id", "seq", "choice_index", "re
 def content_row(call: ModelCall) -> list[Any]:
     t = call.timings
     return [call.run_id, call.rollout_id, call.call_id, call.seq, call.choice_index, call.request_json,
-            call.response_json, call.response_token_ids, call.response_logprobs, len(call.prompt_token_ids),
-            call.extends, call.request_head, call.request_tail, call.weight_version, call.status, call.error,
-            t.engine_ms, t.queued_ms, t.received_at, t.finished_at]
+            call.response_json, call.response_token_ids, call.response_logprobs, call.extends, call.request_head,
+            call.request_tail, call.weight_version, call.status, call.error, t.engine_ms, t.queued_ms,
+            t.received_at, t.finished_at]
 
 
 class ViewStore:
