@@ -264,3 +264,19 @@ def test_a_refresh_shows_rollouts_that_arrived_since(view: View, browser: WebDri
         time.sleep(0.5)
     assert len(rows) == before + 1 and any("letters-late" in r.text for r in rows)
 
+
+
+def test_without_kafka_the_page_still_answers_and_says_it_has_not_caught_up(tmp_path: Path) -> None:
+    """Kafka down (or not yet up): the page serves what its store holds, and keeps trying the topics."""
+    port = free_port()
+    url, process = spawn(["tether.cli", "view", "--dsn", f"chdb://{tmp_path / 'store'}", "--port", str(port)],
+                         tmp_path / "view.log", "tether view", port,
+                         {"TETHER_BUS_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"})
+    try:
+        time.sleep(2.0)
+        assert httpx.get(f"{url}/health").json() == {"caught_up": False}
+        page = httpx.get(f"{url}/")
+        assert page.status_code == 200 and "No run on the topics yet" in page.text
+        assert process.poll() is None
+    finally:
+        stop(process)

@@ -252,7 +252,8 @@ def trainer_verl_config(
 def view(
     run: Annotated[str | None, typer.Option("--run", help="Only this run (default: every run on the topics).")]
     = None,
-    dsn: Annotated[str | None, typer.Option(help="The page's store (default TETHER_VIEW_DSN, chdb://.tether/view).")]
+    dsn: Annotated[str | None, typer.Option(help="The page's store (default TETHER_VIEW_DSN, else "
+                                                 "chdb://.tether/view/RUN).")]
     = None,
     model: Annotated[Path | None, typer.Option(help="A model folder: response tokens shown as its tokenizer's "
                                                     "text.")] = None,

@@ -8,13 +8,16 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from schemas import topics
 from schemas.consumer import EventConsumer
+from schemas.errors import AccessDenied, BusError
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
+from stream_processors.errors import AnalyticsError
 from stream_processors.view.pages import router
 from stream_processors.view.reads import Decoder, RunReads
 from stream_processors.view.settings import ViewSettings
@@ -40,6 +43,22 @@ async def project(store: ViewStore, bus: BusSettings, run_id: str | None, follow
                     return
 
 
+async def keep_projecting(store: ViewStore, bus: BusSettings, settings: ViewSettings, caught_up: asyncio.Event,
+                          retry_s: float = 5.0) -> None:
+    """`project`, again after Kafka went away or refused (the store keeps every row once: nothing doubles).
+    Access refused is said once and ends it: retrying would not change the ACLs."""
+    while True:
+        try:
+            await project(store, bus, settings.run_id, settings.follow, caught_up)
+            return
+        except AccessDenied as exc:
+            log.error("reading the topics: %s", exc)
+            return
+        except (BusError, KafkaError, AnalyticsError, OSError) as exc:
+            log.warning("reading the topics failed (%s); trying again in %.0f s", exc, retry_s)
+            await asyncio.sleep(retry_s)
+
+
 def decoder(model: Path | None) -> Decoder | None:
     """Each response token as text, by the model's tokenizer."""
     if model is None:
@@ -55,13 +74,13 @@ def decoder(model: Path | None) -> Decoder | None:
 
 
 def create_app(settings: ViewSettings, bus: BusSettings) -> FastAPI:
-    store = ViewStore(settings.dsn)
+    store = ViewStore(settings.store)
     reads = RunReads(store, decoder(settings.model))
     caught_up = asyncio.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(project(store, bus, settings.run_id, settings.follow, caught_up))
+        task = asyncio.create_task(keep_projecting(store, bus, settings, caught_up))
 
         def stopped(t: asyncio.Task[None]) -> None:
             if not t.cancelled() and t.exception() is not None:
