@@ -71,7 +71,14 @@ def main(settings: DemoSettings, console: Console) -> int:
     run_dir = settings.home / "runs" / settings.run_id
     outcome = _run(settings, console, warm, run_dir)
     console.print(_summary(settings, run_dir, outcome, f"{time.perf_counter() - started:.0f} s (warm-start "
-                                                        f"{warm_s:.0f} s)", warm))
+                                                        f"{warm_s:.0f} s)"))
+    board = run_dir / "checkpoints" / settings.run_id / "tensorboard"
+    for line in ("To see the run:",
+                 f"  the page:    tether kafka up && tether view --run {settings.run_id} --model {warm}",
+                 f"               then open http://127.0.0.1:8765/runs/{settings.run_id}",
+                 f"  TensorBoard: tensorboard --logdir {board}",
+                 "               then open http://localhost:6006"):
+        console.print(line, highlight=False, soft_wrap=True)  # whole lines, to copy
     return 0
 
 
@@ -171,7 +178,7 @@ def _start_controller(settings: DemoSettings, stack: StackSettings, bus: dict[st
                                  str(run_dir / "controller.yaml")], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str, model: Path) -> Table:
+def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str) -> Table:
     from stream_processors.pipeline import compare, content_hash
     from tether.warm_start import OPTIONS
     from trainer import checkpoint
@@ -213,10 +220,6 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str,
     table.add_row("checkpoint", str(latest))
     table.add_row("analytics", f"tether analytics --run {settings.run_id} --dsn {dsn}")
     table.add_row("replay", f"tether replay --run {settings.run_id}   (with `tether kafka up`)")
-    table.add_row("page", f"tether kafka up && tether view --run {settings.run_id} --model {model}   then open "
-                          f"http://127.0.0.1:8765/runs/{settings.run_id}")
-    board = run_dir / "checkpoints" / settings.run_id / "tensorboard"
-    table.add_row("TensorBoard", f"tensorboard --logdir {board}   then open http://localhost:6006")
     return table
 
 
