@@ -89,16 +89,21 @@ def _write_exit(path: str, code: int) -> None:
 
 
 def _reap(exits: dict[int, str]) -> None:
+    """A killed child's exit file is written while it is still a zombie (its status read with WNOWAIT), and only
+    then is it reaped: the runner, seeing the process gone, always finds the file."""
     while exits:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if found is None or found.si_pid == 0:
             return
-        path = exits.pop(pid, None)
-        if path is not None and os.WIFSIGNALED(status) and not os.path.exists(path):
-            _write_exit(path, 128 + os.WTERMSIG(status))
+        path = exits.pop(found.si_pid, None)
+        killed = found.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        if path is not None and killed and not os.path.exists(path):
+            _write_exit(path, 128 + found.si_status)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(found.si_pid, 0)
 
 
 def serve(modules: list[str]) -> None:
