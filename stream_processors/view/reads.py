@@ -222,7 +222,7 @@ class RunReads:
             where.append("status = {status:String}")
             parameters["status"] = filters.status
         if filters.version is not None:
-            where.append("version = {version:Int64}")
+            where.append("calls > 0 AND version = {version:Int64}")  # no calls: no version (the join's 0)
             parameters["version"] = str(filters.version)
         if filters.reward_min is not None:
             where.append("reward >= {reward_min:Float64}")
