@@ -15,11 +15,17 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
-# Each hidden folder gets an empty tmpfs over it; then the command runs in a user and mount namespace nested in
-# that one, where those mounts are locked: root there cannot unmount them to see what they cover.
-SCRIPT = 'unshare="$1"; shift; ' \
+# Each hidden folder gets an empty tmpfs over it. Alone, the working folder's parent gets one too, with the
+# working folder bound back into it: its siblings (other rollouts' copies) are gone, its own files are the real
+# ones. Then the command runs in a user and mount namespace nested in that one, where those mounts are locked:
+# root there cannot unmount them to see what they cover.
+SCRIPT = 'unshare="$1"; alone="$2"; shift 2; ' \
          'while [ "$1" != "--" ]; do mount -t tmpfs -o size=64k tether-hidden "$1" || exit 97; shift; done; ' \
-         'shift; exec "$unshare" -rm "$@"'
+         'shift; if [ "$alone" = 1 ]; then ' \
+         'here=$(pwd -P); parent=$(dirname "$here"); keep=$(mktemp -d) && mount --bind "$here" "$keep" && ' \
+         'mount -t tmpfs -o size=1m tether-hidden "$parent" && mkdir "$here" && mount --bind "$keep" "$here" && ' \
+         'umount "$keep" && rmdir "$keep" && cd "$here" || exit 98; fi; ' \
+         'exec "$unshare" -rm "$@"'
 
 
 @cache
@@ -28,16 +34,18 @@ def unshare() -> str | None:
     found = shutil.which("unshare")
     if found is None:
         return None
-    probe = [found, "-rm", "sh", "-c", SCRIPT, "sh", found, "/tmp", "--", "true"]
+    probe = [found, "-rm", "sh", "-c", SCRIPT, "sh", found, "0", "/tmp", "--", "true"]
     try:
         return found if subprocess.run(probe, capture_output=True, timeout=10).returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None
 
 
-def hiding(hidden: Sequence[Path], command: Sequence[str]) -> list[str] | None:
-    """The argv that runs `command` with `hidden` folders empty, or None where no namespaces can be made."""
+def hiding(hidden: Sequence[Path], command: Sequence[str], *, alone: bool = False) -> list[str] | None:
+    """The argv that runs `command` with `hidden` folders empty (and, `alone`, the working folder the only thing
+    in its parent), or None where no namespaces can be made."""
     found = unshare()
     if found is None:
         return None
-    return [found, "-rm", "sh", "-c", SCRIPT, "sh", found, *(str(p.resolve()) for p in hidden), "--", *command]
+    return [found, "-rm", "sh", "-c", SCRIPT, "sh", found, "1" if alone else "0",
+            *(str(p.resolve()) for p in hidden), "--", *command]

@@ -100,6 +100,8 @@ def swe_grade(
 def swe_isolate(
     ctx: typer.Context,
     hide: Annotated[list[Path], typer.Option(help="A folder the command must not see (repeat for more).")],
+    alone: Annotated[bool, typer.Option(help="Hide the working folder's siblings too (other rollouts' copies): "
+                                             "its parent shows only it.")] = False,
 ) -> None:
     """Run the command after `--` with the --hide folders empty (a mount namespace of its own): a rollout's agent
     without the tasks' grading data and the package's clean tree."""
@@ -114,7 +116,7 @@ def swe_isolate(
     missing = [str(p) for p in hide if not p.is_dir()]
     if missing:
         fail(f"--hide: not a folder: {', '.join(missing)}", 2)
-    argv = hiding(hide, command)
+    argv = hiding(hide, command, alone=alone)
     if argv is None:
         print("tether swe isolate: no mount namespace can be made here (unshare): the command sees every folder",
               file=sys.stderr)
