@@ -280,3 +280,18 @@ def test_without_kafka_the_page_still_answers_and_says_it_has_not_caught_up(tmp_
         assert process.poll() is None
     finally:
         stop(process)
+
+
+def test_each_view_has_a_json_twin(view: View) -> None:
+    api = f"{view.url}/api/runs/{view.run_id}"
+    curves = httpx.get(f"{api}/curves").json()
+    assert [x for x, _ in curves["reward_by_update"]] == [1, 2] and curves["latency"][0]["api"] == "openai.chat"
+    group = httpx.get(f"{api}/groups/{quote(f'{view.run_id}.letters-1/0')}").json()
+    assert [m["row"]["reward"] for m in group["members"]] == [0.0, 1.0, None]
+    assert [m["advantage"] for m in group["members"]] == [-1.0, 1.0, None]  # the failed one has no reward
+    rollout = httpx.get(f"{api}/rollouts/{quote(f'{view.run_id}.letters-1/0.r1.a0')}").json()
+    assert rollout["row"]["status"] == "succeeded" and rollout["calls"]
+    first = rollout["calls"][0]
+    assert first["messages"][0]["role"] == "system" and first["tool_calls"][0]["name"] in ("look", "submit")
+    assert len(first["tokens"]) > 0 and all(t["logprob"] <= 0 for t in first["tokens"])
+    assert httpx.get(f"{api}/groups/nothing-here").status_code == 404

@@ -13,7 +13,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field, field_validator
 
 from stream_processors.view.charts import Series, chart
-from stream_processors.view.reads import Filters, RolloutRow, RunReads, RunSummary
+from stream_processors.view.reads import Curves, Filters, Group, RolloutRow, RunReads, RunSummary, Trajectory
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
@@ -80,19 +80,25 @@ def router(reads: RunReads) -> APIRouter:
         chosen = filters.filters()
         return page(request, "rollouts.html", run=run, rows=reads.rollouts(run, chosen), filters=chosen)
 
-    @r.get("/runs/{run}/groups/{group_id:path}", response_class=HTMLResponse)
-    def group_page(request: Request, run: str, group_id: str) -> HTMLResponse:
+    def found_group(run: str, group_id: str) -> Group:
         group = reads.group(run, group_id)
         if group is None:
             raise HTTPException(404, f"run {run} has no task group {group_id}")
-        return page(request, "group.html", run=run, group=group)
+        return group
 
-    @r.get("/runs/{run}/rollouts/{rollout_id:path}", response_class=HTMLResponse)
-    def trajectory_page(request: Request, run: str, rollout_id: str) -> HTMLResponse:
+    def found_trajectory(run: str, rollout_id: str) -> Trajectory:
         trajectory = reads.trajectory(run, rollout_id)
         if trajectory is None:
             raise HTTPException(404, f"run {run} has no rollout {rollout_id}")
-        return page(request, "trajectory.html", run=run, t=trajectory)
+        return trajectory
+
+    @r.get("/runs/{run}/groups/{group_id:path}", response_class=HTMLResponse)
+    def group_page(request: Request, run: str, group_id: str) -> HTMLResponse:
+        return page(request, "group.html", run=run, group=found_group(run, group_id))
+
+    @r.get("/runs/{run}/rollouts/{rollout_id:path}", response_class=HTMLResponse)
+    def trajectory_page(request: Request, run: str, rollout_id: str) -> HTMLResponse:
+        return page(request, "trajectory.html", run=run, t=found_trajectory(run, rollout_id))
 
     @r.get("/api/runs")
     def runs_json() -> list[RunSummary]:
@@ -101,5 +107,17 @@ def router(reads: RunReads) -> APIRouter:
     @r.get("/api/runs/{run}/rollouts")
     def rollouts_json(run: str, filters: Annotated[FilterQuery, Query()]) -> list[RolloutRow]:
         return reads.rollouts(run, filters.filters())
+
+    @r.get("/api/runs/{run}/curves")
+    def curves_json(run: str) -> Curves:
+        return reads.curves(run)
+
+    @r.get("/api/runs/{run}/groups/{group_id:path}")
+    def group_json(run: str, group_id: str) -> Group:
+        return found_group(run, group_id)
+
+    @r.get("/api/runs/{run}/rollouts/{rollout_id:path}")
+    def trajectory_json(run: str, rollout_id: str) -> Trajectory:
+        return found_trajectory(run, rollout_id)
 
     return r
