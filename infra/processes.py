@@ -99,6 +99,12 @@ def _pids() -> list[int]:
         return []
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (zombies included: they still need reaping)."""
+    return [child for child in _pids() if (fields := _stat(child)) is not None and len(fields) > 1
+            and fields[1] == str(pid)]
+
+
 def _runs_in(pid: int, pgid: int) -> bool:
     fields = _stat(pid)
     return fields is not None and len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z"

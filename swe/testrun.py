@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from infra.processes import children_of
+
 #: pytest's own plugins only: the project's plugins (asyncio, hypothesis, ...) are not the package's
 BASE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 
@@ -98,7 +100,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 def _kill_children() -> None:
     for _ in range(100):  # a killed child's own children are adopted next
-        children = [pid for pid in _pids() if _parent(pid) == os.getpid()]
+        children = children_of(os.getpid())
         if not children:
             return
         for pid in children:
@@ -106,18 +108,6 @@ def _kill_children() -> None:
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-
-
-def _pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def import_roots(repo: Path) -> list[Path]:
