@@ -47,7 +47,7 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
 
 
 
-def progress_bar() -> Progress:
-    """A bar with a count and a free-text `detail` field, on stderr."""
+def progress_bar(on: Console | None = None) -> Progress:
+    """A bar with a count and a free-text `detail` field, on stderr (or `on`)."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console)
+                    TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=on or console)

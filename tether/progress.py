@@ -10,7 +10,9 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
+
+from tether.cli_support import progress_bar
 
 
 class Shown(AbstractContextManager["Shown"]):
@@ -30,8 +32,7 @@ class Shown(AbstractContextManager["Shown"]):
     def __enter__(self) -> Shown:
         self._started = self._said_at = self.clock()
         if self.console.is_terminal:
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=self.console)
+            self._bar = progress_bar(self.console)
             self._bar.__enter__()
             self._job = self._bar.add_task(self.description, total=self.total, detail="")
         return self
