@@ -76,11 +76,12 @@ def open_tracking(config: TrainerConfig) -> Tracker:
             os.environ.pop("TENSORBOARD_DIR", None)
         else:
             os.environ["TENSORBOARD_DIR"] = saved
-    return _Finishing(tracking)
+    return _Flushing(tracking)
 
 
-class _Finishing:
-    """verl's Tracking, with `finish` flushing event files that were already written (it is safe to call twice)."""
+class _Flushing:
+    """verl's Tracking, with TensorBoard's event file flushed after every update (verl leaves it to the writer's
+    own timer): a run watched live, and one killed, shows every update."""
 
     def __init__(self, tracking: Any) -> None:
         self._tracking = tracking
@@ -89,7 +90,7 @@ class _Finishing:
         self._tracking.log(data=data, step=step)
         board = self._tracking.logger.get("tensorboard")
         if board is not None:
-            board.writer.flush()  # a run watched live, and one killed, shows every update
+            board.writer.flush()
 
     def finish(self) -> None:
         self._tracking.finish()
