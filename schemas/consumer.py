@@ -179,14 +179,23 @@ class EventConsumer(Lifecycle):
         """Every event from the current position on, for ever, with `CAUGHT_UP` once after the last record that
         the topics held when it began (at once if they held none): the projection of a reader that rebuilds its
         state from the log and then keeps it current."""
+        async for item in self.follow_batches(timeout_ms, progress, wanted):
+            if isinstance(item, CaughtUp):
+                yield item
+            else:
+                for received in item:
+                    yield received
+
+    async def follow_batches(self, timeout_ms: int = 200, progress: Progress | None = None,
+                             wanted: Wanted | None = None) -> AsyncIterator[list[Received] | CaughtUp]:
+        """`follow`, a fetch at a time (possibly empty): for a projection that writes in batches."""
         ends = await self.end_offsets()
         total = sum(ends.values())
         caught_up = await self._reached(ends, total, progress)
         if caught_up:
             yield CAUGHT_UP
         async for batch in self.batches(timeout_ms=timeout_ms, wanted=wanted):
-            for received in batch:
-                yield received
+            yield batch
             if not caught_up and await self._reached(ends, total, progress):
                 caught_up = True
                 yield CAUGHT_UP

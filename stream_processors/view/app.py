@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from schemas import topics
-from schemas.consumer import EventConsumer
+from schemas.consumer import CaughtUp, EventConsumer
 from schemas.errors import AccessDenied, BusError
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
@@ -32,15 +32,14 @@ async def project(store: ViewStore, bus: BusSettings, run_id: str | None, follow
     """The topics from the start into the store; then, following, what arrives (a refresh shows it)."""
     async with EventProducer(bus, client_id="tether-view") as dlq, \
             EventConsumer(bus, TOPICS, dlq, name="tether-view") as consumer:
-        ends = await consumer.end_offsets()
-        async for batch in consumer.batches(timeout_ms=500):
-            if batch:
-                await asyncio.to_thread(store.add, [r.event for r in batch], run_id)
-            if not caught_up.is_set() and all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+        async for item in consumer.follow_batches(timeout_ms=500):
+            if isinstance(item, CaughtUp):
                 caught_up.set()
                 log.info("the store holds everything the topics held at start")
                 if not follow:
                     return
+            elif item:
+                await asyncio.to_thread(store.add, [r.event for r in item], run_id)
 
 
 async def keep_projecting(store: ViewStore, bus: BusSettings, settings: ViewSettings, caught_up: asyncio.Event,
