@@ -72,10 +72,15 @@ def running_pid(path: Path) -> int | None:
 # -- liveness -----------------------------------------------------------------------
 
 
-def alive(pid: int) -> bool:
-    """Whether one process runs; reaps it first if it is our exited child, and a zombie counts as dead."""
+def reap(pid: int) -> None:
+    """Collect the exit status of `pid` if it is our exited child (else nothing), so it is not left a zombie."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def alive(pid: int) -> bool:
+    """Whether one process runs; reaps it first if it is our exited child, and a zombie counts as dead."""
+    reap(pid)
     if not _send(os.kill, pid, 0):
         return False
     fields = _stat(pid)
@@ -144,8 +149,7 @@ def stop_group(pgid: int, grace_s: float, *, first: signal.Signals = signal.SIGT
 def _vanishes(pgid: int, within_s: float, poll_s: float) -> bool:
     deadline = time.monotonic() + within_s
     while True:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pgid, os.WNOHANG)  # our own exited leader would otherwise linger as a zombie
+        reap(pgid)  # our own exited leader would otherwise linger as a zombie
         if not group_alive(pgid):
             return True
         if time.monotonic() >= deadline:
@@ -160,7 +164,8 @@ async def stop_group_async(pgid: int, grace_s: float, poll_s: float = 0.05) -> N
     deadline = time.monotonic() + grace_s
     while group_alive(pgid) and time.monotonic() < deadline:  # noqa: ASYNC110  # a group has no handle to await
         await asyncio.sleep(poll_s)
-    signal_group(pgid, signal.SIGKILL)
+    if group_alive(pgid):  # a group gone is a number that may be reused: never signal it blindly
+        signal_group(pgid, signal.SIGKILL)
 
 
 # -- starting and watching --------------------------------------------------------------

@@ -34,7 +34,7 @@ from infra.kafka.acls import ADMIN, USERS
 from infra.kafka.config import server_properties
 from infra.kafka.settings import BrokerSettings
 from infra.kafka.users import Users
-from infra.processes import group_alive, signal_group, spawn, stop_group, tail
+from infra.processes import group_alive, reap, signal_group, spawn, stop_group, tail
 from schemas.settings import BusSettings
 
 LOG4J = Path(__file__).parent / "log4j2.properties"
@@ -359,8 +359,10 @@ class KafkaBroker:
                     break
             time.sleep(0.2)
         for node in nodes:
-            if node.id in running:
+            if node.id in running and group_alive(running[node.id]):  # a vanished group's number may be reused
                 stop_group(running[node.id], 0, first=signal.SIGKILL, poll_s=0.1)  # reaps; kills what is left
+            elif node.id in running:
+                reap(running[node.id])
             node.pid_file.unlink(missing_ok=True)
         return bool(running)
 
