@@ -23,6 +23,8 @@ from schemas.admin import ensure_topics
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 
+pytest_plugins = ("tests.machine_report",)  # a failure's report carries what the machine said about it
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch anything at import
 
 settings.register_profile(
