@@ -1,15 +1,20 @@
-"""The page's pure parts: advantages as the trainer's default, each API's conversation and answer, the charts."""
+"""The page's pure parts: advantages as the trainer's default, each API's conversation and answer, the charts, the
+tokens' text."""
 
 from __future__ import annotations
 
 import re
 import statistics
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from stream_processors.view.charts import Series, chart
 from stream_processors.view.reads import advantages, answer_of, conversation
+from stream_processors.view.tokens import token_texts
 
 
 @given(st.lists(st.one_of(st.none(), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=8))
@@ -55,3 +60,24 @@ def test_a_chart_has_a_point_per_value_with_its_value_on_hover_and_escapes_names
     assert "no data yet" in chart("empty", [Series("x", [])], "x", "y")
     bars = chart("calls", [Series("rollouts", [(1, 3.0), (2, 5.0)], bars=True)], "calls", "rollouts")
     assert bars.count("<rect") == 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def test_a_character_split_over_tokens_shows_whole_on_the_first(tokenizer: PreTrainedTokenizerBase) -> None:
+    ids = tokenizer.encode("café 🙂", add_special_tokens=False)
+    alone = [tokenizer.decode([i]) for i in ids]
+    assert alone.count("\ufffd") >= 5  # the byte-level tokenizer splits é in two and the emoji in four
+    texts = token_texts(ids, lambda part: str(tokenizer.decode(part)))
+    assert len(texts) == len(ids) and "".join(texts) == "café 🙂"
+    assert "é" in texts and "🙂" in texts and "\ufffd" not in "".join(texts)
+
+
+@given(text=st.text(max_size=40))
+def test_the_tokens_text_reads_as_the_whole_decoded(tokenizer: PreTrainedTokenizerBase, text: str) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    texts = token_texts(ids, lambda part: str(tokenizer.decode(part)))
+    assert len(texts) == len(ids) and "".join(texts) == tokenizer.decode(ids)

@@ -22,6 +22,7 @@ from stream_processors.view.pages import router
 from stream_processors.view.reads import Decoder, RunReads
 from stream_processors.view.settings import ViewSettings
 from stream_processors.view.store import ViewStore
+from stream_processors.view.tokens import token_texts
 
 log = logging.getLogger("tether.view")
 TOPICS = (topics.CALLS, topics.ROLLOUTS, topics.SAMPLES, topics.CONTROL)
@@ -67,7 +68,7 @@ def decoder(model: Path | None) -> Decoder | None:
     tokenizer = AutoTokenizer.from_pretrained(model)
 
     def decode(token_ids: list[int]) -> list[str]:
-        return [str(tokenizer.decode([i])) for i in token_ids]
+        return token_texts(token_ids, lambda ids: str(tokenizer.decode(ids)))
 
     return decode
 
