@@ -12,7 +12,7 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -30,10 +30,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from infra.processes import free_port, stop
 from schemas import events as ev
+from schemas.events import run_of
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
+from stream_processors.view.app import project
+from stream_processors.view.store import Positions, ViewStore
 from tests.conftest import spawn
 from tests.factories import T0, as_recorded
 
@@ -295,3 +298,34 @@ def test_each_view_has_a_json_twin(view: View) -> None:
     assert first["messages"][0]["role"] == "system" and first["tool_calls"][0]["name"] in ("look", "submit")
     assert len(first["tokens"]) > 0 and all(t["logprob"] <= 0 for t in first["tokens"])
     assert httpx.get(f"{api}/groups/nothing-here").status_code == 404
+
+
+class CountingStore(ViewStore):
+    """The store, counting the events of one run that the projection hands it."""
+
+    def __init__(self, dsn: str, run_id: str) -> None:
+        super().__init__(dsn)
+        self.run_id, self.handed = run_id, 0
+
+    def add(self, events: Sequence[ev.Event], run_id: str | None, read_to: Positions | None = None) -> int:
+        self.handed += sum(run_of(e) == self.run_id for e in events)
+        return super().add(events, run_id, read_to)
+
+
+def test_a_restarted_view_reads_on_from_where_its_store_left_off(bus: BusSettings, tmp_path: Path) -> None:
+    run_id = f"resume-{uuid.uuid4().hex[:8]}"
+    recorded = recorded_run(run_id, seed=3)
+    asyncio.run(publish(bus, recorded))
+    store = CountingStore(f"chdb://{tmp_path / 'store'}", run_id)
+    asyncio.run(project(store, bus, run_id, follow=False, caught_up=asyncio.Event()))
+    assert store.handed == len(recorded)
+    rollouts = "SELECT count() AS n FROM rollouts FINAL WHERE run_id = {run:String}"
+    assert store.rows(rollouts, run=run_id) == [{"n": 12}]
+
+    late = rollout(random.Random(9), run_id, f"{run_id}.letters-late/0", "letters-late", 0, 2, 1.0)
+    asyncio.run(publish(bus, late))
+    store.handed = 0
+    asyncio.run(project(store, bus, run_id, follow=False, caught_up=asyncio.Event()))  # a new reader: a restart
+    assert store.handed == len(late)  # not the run again from the start
+    assert store.rows(rollouts, run=run_id) == [{"n": 13}]
+    assert store.positions(None) == {}  # a view of every run has its own place

@@ -30,9 +30,16 @@ TOPICS = (topics.CALLS, topics.ROLLOUTS, topics.SAMPLES, topics.CONTROL)
 
 async def project(store: ViewStore, bus: BusSettings, run_id: str | None, follow: bool,
                   caught_up: asyncio.Event) -> None:
-    """The topics from the start into the store; then, following, what arrives (a refresh shows it)."""
+    """The topics into the store, from where it last read them (the start, the first time); then, following,
+    what arrives (a refresh shows it)."""
     async with EventProducer(bus, client_id="tether-view") as dlq, \
             EventConsumer(bus, TOPICS, dlq, name="tether-view") as consumer:
+        stored = await asyncio.to_thread(store.positions, run_id)
+        for tp in consumer.assignment():
+            if (tp.topic, tp.partition) in stored:  # past a topic's end (made anew): Kafka resets to its start
+                consumer.seek(tp, stored[tp.topic, tp.partition])
+        if stored:
+            log.info("reading on from where the store left off (%d records in)", sum(stored.values()))
         async for item in consumer.follow_batches(timeout_ms=500):
             if isinstance(item, CaughtUp):
                 caught_up.set()
@@ -40,7 +47,8 @@ async def project(store: ViewStore, bus: BusSettings, run_id: str | None, follow
                 if not follow:
                     return
             elif item:
-                await asyncio.to_thread(store.add, [r.event for r in item], run_id)
+                read_to = {(tp.topic, tp.partition): await consumer.position(tp) for tp in consumer.assignment()}
+                await asyncio.to_thread(store.add, [r.event for r in item], run_id, read_to)
 
 
 async def keep_projecting(store: ViewStore, bus: BusSettings, settings: ViewSettings, caught_up: asyncio.Event,

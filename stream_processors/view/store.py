@@ -3,14 +3,17 @@
 The analytics rows are the sink's (`stream_processors.sink.row_for`); calls are
 kept as recorded (an extending call as its difference), and made whole when a
 trajectory is read. Rows are ReplacingMergeTree by their own id, so reading the
-topics again from the start stores nothing twice.
+topics again from the start stores nothing twice. Where the projection had read
+to is stored after each batch's rows (`view_positions`, per reader: the run it
+keeps), so a restarted view reads on from there instead of from the start.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
 
 from clickhouse_connect.driver.client import Client
 
@@ -27,6 +30,12 @@ CREATE TABLE IF NOT EXISTS call_contents (
     received_at DateTime64(6, 'UTC'), finished_at DateTime64(6, 'UTC')
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id, call_id)
 """
+POSITIONS = """
+CREATE TABLE IF NOT EXISTS view_positions (
+    reader String, topic String, partition UInt32, next_offset UInt64, written DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree(written) ORDER BY (reader, topic, partition)
+"""
+Positions: TypeAlias = Mapping[tuple[str, int], int]  # (topic, partition) -> the next offset to read
 CONTENT_COLUMNS = ["run_id", "rollout_id", "call_id", "seq", "choice_index", "request_json", "response_json",
                    "response_token_ids", "response_logprobs", "extends", "request_head",
                    "request_tail", "weight_version", "status", "error", "engine_ms", "queued_ms", "received_at",
@@ -41,6 +50,10 @@ def content_row(call: ModelCall) -> list[Any]:
             t.received_at, t.finished_at]
 
 
+def reader(run_id: str | None) -> str:
+    return f"run {run_id}" if run_id is not None else "every run"
+
+
 class ViewStore:
     """One client, used by the projection and the pages in turn (chdb is one session per process)."""
 
@@ -49,11 +62,13 @@ class ViewStore:
         self.lock = threading.Lock()
         with self.lock:
             self.client.command(CONTENTS)
+            self.client.command(POSITIONS)
         self._sink = Sink(self.client)
         self._contents: list[list[Any]] = []
 
-    def add(self, events: Sequence[Event], run_id: str | None) -> int:
-        """Store the events (of `run_id` only, when given); returns the rows written."""
+    def add(self, events: Sequence[Event], run_id: str | None, read_to: Positions | None = None) -> int:
+        """Store the events (of `run_id` only, when given), then, once they are stored, `read_to`: where the
+        reader of that run stands. Returns the rows written."""
         for event in events:
             if run_id is not None and run_of(event) != run_id:
                 continue
@@ -63,13 +78,28 @@ class ViewStore:
         with self.lock:
             written = self._sink.flush()
             if self._contents:
-                try:
-                    self.client.insert("call_contents", self._contents, column_names=CONTENT_COLUMNS)
-                except Exception as exc:  # clickhouse-connect and chdb raise their own trees
-                    raise AnalyticsError(f"inserting {len(self._contents)} call contents: {exc}") from exc
+                self._insert("call_contents", self._contents, CONTENT_COLUMNS)
                 written += len(self._contents)
                 self._contents = []
+            if read_to:
+                now = datetime.now(UTC)
+                self._insert("view_positions", [[reader(run_id), topic, partition, offset, now]
+                                                for (topic, partition), offset in read_to.items()],
+                             ["reader", "topic", "partition", "next_offset", "written"])
         return written
+
+    def positions(self, run_id: str | None) -> dict[tuple[str, int], int]:
+        """Where the reader of `run_id` (every run: None) last stood, by the latest record of each partition: a
+        topic made anew starts lower than before."""
+        rows = self.rows("SELECT topic, partition, argMax(next_offset, written) AS next FROM view_positions "
+                         "WHERE reader = {reader:String} GROUP BY topic, partition", reader=reader(run_id))
+        return {(r["topic"], int(r["partition"])): int(r["next"]) for r in rows}
+
+    def _insert(self, table: str, rows: list[list[Any]], columns: list[str]) -> None:
+        try:
+            self.client.insert(table, rows, column_names=columns)
+        except Exception as exc:  # clickhouse-connect and chdb raise their own trees
+            raise AnalyticsError(f"inserting {len(rows)} rows into {table}: {exc}") from exc
 
     def rows(self, sql: str, **parameters: Any) -> list[dict[str, Any]]:
         with self.lock:
