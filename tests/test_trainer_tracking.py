@@ -1,15 +1,23 @@
-"""Every update's metrics through verl's tracking layer: the names and values logged (pure), and TensorBoard
-event files that hold them."""
+"""Every update's metrics through verl's tracking layer: the names and values logged (pure), TensorBoard event
+files that hold them, and a Weights & Biases run (offline: no account or network here) that holds them too."""
 
 from __future__ import annotations
 
+import json
+import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.events import RolloutSample, TaskGroup
-from trainer.config import TrainerConfig
+from trainer import config as config_module
+from trainer.config import TrainerConfig, load_config
+from trainer.errors import ConfigError
 from trainer.metrics import UpdateMetrics, UpdateRecord
 from trainer.tracking import Timing, open_tracking, scalars
 
@@ -67,3 +75,65 @@ def test_tensorboard_event_files_under_the_run_hold_every_update(tmp_path: Path)
     assert [step for step, _ in found["actor/loss"]] == [1, 2]
     assert [round(v, 6) for _, v in found["actor/loss"]] == [0.1, 0.2]
     assert found["reward_by_task/a"] == [(1, 0.5), (2, 0.5)]
+
+
+def wandb_records(run_file: Path) -> Iterator[Any]:
+    """The records of a W&B run file: a `:W&B` header, then LevelDB's log format (32 KiB blocks of chunks, each
+    checksum, length, type and data) around protobuf `Record`s. wandb itself keeps no Python reader of it."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pending = run_file.read_bytes(), 32 * 1024, b""
+    assert data[:4] == b":W&B", "not a W&B run file"
+    at = 7  # the header: ident, magic, version
+    while at + 7 <= len(data):
+        left = block - at % block
+        length, kind = struct.unpack_from("<HB", data, at + 4)
+        if left < 7 or kind == 0:  # a block's zero-filled tail
+            at += left
+            continue
+        pending += data[at + 7:at + 7 + length]
+        at += 7 + length
+        if kind in (1, 4):  # a whole record, or its last chunk
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated, without stubs
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def test_a_wandb_run_holds_every_update(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    config = TrainerConfig(run_id="run-wb", model=tmp_path, checkpoint_dir=tmp_path / "ckpt", logger=["wandb"],
+                           project="tether-tests", lr=3e-4)
+    tracker = open_tracking(config)
+    groups = [group("a", [0.0, 1.0], 0)]
+    for version in (1, 2):
+        record = UpdateRecord(version=version, metrics=UpdateMetrics(loss=0.1 * version), mean_reward=0.5)
+        tracker.log(scalars(record, groups, TIMING), step=version)
+    tracker.finish()
+    import wandb
+
+    wandb.teardown()  # its service process, which would otherwise live as long as the test session
+    [run_file] = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    records = list(wandb_records(run_file))
+    [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.project, run.display_name) == ("tether-tests", "run-wb")
+    settings = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert settings["trainer"]["lr"] == 3e-4 and settings["trainer"]["logger"] == ["wandb"]
+    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    assert [h["_step"] for h in history] == [1, 2]
+    assert all(NAMES | {"reward_by_task/a"} <= h.keys() for h in history)
+    assert [round(h["actor/loss"], 6) for h in history] == [0.1, 0.2]
+
+
+def test_a_logger_whose_package_is_missing_is_named_when_the_file_is_read(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(config_module._LOGGER_PACKAGES, "mlflow", "tether_no_such_package")  # as if not installed
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m",
+                                                           "logger": ["console", "mlflow"]}))
+    with pytest.raises(ConfigError, match=r"trainer.yaml: logger: .*mlflow needs the tether_no_such_package "
+                                          r"package, which is not installed here \(pip install "):
+        load_config(tmp_path / "trainer.yaml")
+    (tmp_path / "trainer.yaml").write_text(yaml.safe_dump({"run_id": "r", "model": "m", "logger": ["wandb"]}))
+    assert load_config(tmp_path / "trainer.yaml").logger == ["wandb"]  # installed with Tether

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.config_file import load_model
 from trainer.errors import ConfigError
 
 Logger = Literal["console", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "file"]
 DEFAULT_LOGGERS: tuple[Logger, ...] = ("console", "tensorboard")
+_LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab",
+                    "clearml": "clearml"}  # what each of verl's backends imports
 
 
 class TrainerConfig(BaseModel):
@@ -60,6 +63,17 @@ class TrainerConfig(BaseModel):
     project: str = Field("tether", min_length=1, description="The project name the trackers file the run under.")
     tensorboard_dir: Path | None = Field(None, description="TensorBoard's event files (default: the run's "
                                                            "CHECKPOINT_DIR/RUN_ID/tensorboard).")
+
+    @field_validator("logger")
+    @classmethod
+    def _loggers_installed(cls, loggers: list[Logger]) -> list[Logger]:
+        """Said when the file is read, not as an ImportError once the run has started."""
+        for name in loggers:
+            package = _LOGGER_PACKAGES.get(name)
+            if package is not None and importlib.util.find_spec(package) is None:
+                raise ValueError(f"{name} needs the {package} package, which is not installed here "
+                                 f"(pip install {package})")
+        return loggers
 
     @model_validator(mode="after")
     def _verl_has_no_reference(self) -> TrainerConfig:

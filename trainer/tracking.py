@@ -69,8 +69,10 @@ def open_tracking(config: TrainerConfig) -> Tracker:
     saved = os.environ.get("TENSORBOARD_DIR")
     os.environ["TENSORBOARD_DIR"] = str(folder)  # verl's adapter reads its folder from here, once
     try:
+        # the run's config under `trainer`, where verl keeps its own trainer's (its W&B adapter reads it there)
         tracking: Any = Tracking(project_name=config.project, experiment_name=config.run_id,
-                                 default_backend=list(config.logger), config=config.model_dump(mode="json"))
+                                 default_backend=list(config.logger),
+                                 config={"trainer": config.model_dump(mode="json")})
     finally:
         if saved is None:
             os.environ.pop("TENSORBOARD_DIR", None)
