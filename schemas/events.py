@@ -338,6 +338,21 @@ class GatewayLeft:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallAdvantage:
+    seq: int
+    advantage: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutAdvantage:
+    """What the trainer gave one rollout: the page shows it beside the reward, as it was, not recomputed."""
+    group_id: str
+    rollout_id: str
+    advantage: float
+    calls: list[CallAdvantage] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrainerStep:
     run_id: str
     version: int
@@ -354,6 +369,7 @@ class TrainerStep:
     dropped_stale: int = 0
     dropped_no_signal: int = 0
     seconds: float = 0.0
+    advantages: list[RolloutAdvantage] = field(default_factory=list)
     stepped_at: datetime = field(default_factory=utcnow)
 
     def __post_init__(self) -> None:

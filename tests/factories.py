@@ -45,7 +45,11 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
         ev.GatewayLeft(run_id=run_id, gateway_id="gw-0", reason="shut down", left_at=T0),
         ev.TrainerStep(run_id=run_id, version=4, task_groups=8, tokens=12_345, mean_reward=0.5, loss=-0.01,
                        entropy=1.5, clip_fraction=0.02, kl=0.001, grad_norm=0.7, staleness_mean=0.4,
-                       staleness_max=2.0, dropped_stale=1, dropped_no_signal=2, seconds=3.5, stepped_at=T0),
+                       staleness_max=2.0, dropped_stale=1, dropped_no_signal=2, seconds=3.5, stepped_at=T0,
+                       advantages=[ev.RolloutAdvantage(group_id="g-1", rollout_id="r-1", advantage=0.7),
+                                   ev.RolloutAdvantage(group_id="g-1", rollout_id="r-2", advantage=-0.7, calls=[
+                                       ev.CallAdvantage(seq=0, advantage=-0.2),
+                                       ev.CallAdvantage(seq=1, advantage=-1.1)])]),
         ev.DeadLetter(topic="tether.calls", partition=3, offset=17, key=b"r-1", value=b"\x00garbage",
                       reason="not an Avro single-object record", error_type="NotSingleObject", consumer="test",
                       dead_at=T0),
@@ -144,6 +148,10 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
                               tokens=int64, mean_reward=doubles, loss=doubles, entropy=doubles,
                               clip_fraction=doubles, kl=doubles, grad_norm=doubles, staleness_mean=doubles,
                               staleness_max=doubles, dropped_stale=int32, dropped_no_signal=int32, seconds=doubles,
+                              advantages=st.lists(st.builds(
+                                  ev.RolloutAdvantage, group_id=ids, rollout_id=ids, advantage=doubles,
+                                  calls=st.lists(st.builds(ev.CallAdvantage, seq=int32, advantage=doubles),
+                                                 max_size=3)), max_size=3),
                               stepped_at=stamps),
     ev.DeadLetter: st.builds(ev.DeadLetter, topic=texts, partition=int32, offset=int64, reason=texts,
                              error_type=texts, consumer=texts, key=st.none() | st.binary(),
