@@ -25,8 +25,8 @@ from schemas.events import (
 from stream_processors.assembly import Call, assemble
 from stream_processors.join import RolloutJoin, call_of
 from tests.factories import T0, example
-from trainer.algorithms import call_advantages, call_returns, rollout_advantages
-from trainer.batch import build_batch, select
+from trainer.algorithms import Credit, call_advantages, call_returns, rollout_advantages
+from trainer.batch import build_batch, given_advantages, select
 
 reward = st.floats(-5, 5, allow_nan=False)
 steps = st.dictionaries(st.integers(0, 6), reward, max_size=7)
@@ -136,3 +136,21 @@ def test_the_controller_takes_a_step_reward_for_no_rollouts_reward() -> None:
     assert view.rollouts["r-1"].reward is None
     view.apply(RewardReported(rollout_id="r-1", run_id=started.run_id, reward=1.0, source="harness"))
     assert view.rollouts["r-1"].reward is not None and view.rollouts["r-1"].reward.reward == 1.0
+
+
+@given(st.lists(st.tuples(reward, steps), min_size=2, max_size=5), st.sampled_from(["outcome", "per-call"]),
+       discount, st.booleans())
+def test_the_published_advantages_are_those_the_tokens_carry(rollouts: list[tuple[float, dict[int, float]]],
+                                                            credit: Credit, gamma: float, by_std: bool) -> None:
+    group = TaskGroup(group_id="g", run_id="run", task_id="t", group_size=len(rollouts), created_at=T0,
+                      rollouts=[_rollout(f"r{i}", outcome, {s: v for s, v in step.items() if s < 2})
+                                for i, (outcome, step) in enumerate(rollouts)])
+    given_ = given_advantages([group], by_std, credit, gamma)
+    assert [(a.group_id, a.rollout_id) for a in given_] == [("g", r.rollout_id) for r in group.rollouts]
+    batch = build_batch([group], pack=False, normalise_by_std=by_std, credit=credit, discount=gamma)
+    advantages, mask = batch.batch["advantages"], batch.batch["loss_mask"].bool()
+    for row, published in enumerate(given_):  # one segment per row, in the group's order (all of one length)
+        by_call = {c.seq: c.advantage for c in published.calls}
+        spans = group.rollouts[row].segments[0].spans
+        expected = [by_call.get(span.seq, published.advantage) for span in spans for _ in range(span.end - span.start)]
+        assert torch.allclose(advantages[row][mask[row]], torch.tensor(expected, dtype=advantages.dtype), atol=1e-6)

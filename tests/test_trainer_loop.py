@@ -92,6 +92,12 @@ async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
                  if isinstance(e, UpdateRequested | GatewayDrained | TrainerStep | WeightVersionPublished)]
         assert kinds == [("UpdateRequested", 1), ("GatewayDrained", 1), ("TrainerStep", 1),
                          ("WeightVersionPublished", 1)]
+        [step] = [e for e in events if isinstance(e, TrainerStep)]
+        trained = task_groups(run_id, 2)
+        assert sorted((a.group_id, a.rollout_id) for a in step.advantages) == sorted(
+            (g.group_id, r.rollout_id) for g in trained for r in g.rollouts)  # every rollout trained on, once
+        for g in trained:  # each group's advantages are centred on it
+            assert abs(sum(a.advantage for a in step.advantages if a.group_id == g.group_id)) < 1e-4
         async with httpx.AsyncClient(timeout=30) as client:
             assert (await client.get(f"{own_engine.url}/v1/weights")).json()["version"] == 1
             deadline = time.monotonic() + 30

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from verl import DataProto
 
-from schemas.events import RolloutSample, Segment, TaskGroup
+from schemas.events import CallAdvantage, RolloutAdvantage, RolloutSample, Segment, TaskGroup
 from trainer.algorithms import Credit, LossMode, call_advantages, call_returns, per_task_weights, rollout_advantages
 
 FIELDS = ("input_ids", "position_ids", "segment_ids", "targets", "loss_mask", "behaviour_log_probs", "versions",
@@ -84,6 +84,16 @@ def _advantages(groups: list[TaskGroup], normalise_by_std: bool, credit: Credit,
                                                                                            strict=True)]
     per_call = call_advantages(*_returns_of(groups, discount), normalise_by_std=normalise_by_std)
     return [found or [({}, 0.0)] * len(g.rollouts) for g, found in zip(groups, per_call, strict=True)]
+
+
+def given_advantages(groups: list[TaskGroup], normalise_by_std: bool = True, credit: Credit = "outcome",
+                     discount: float = 1.0) -> list[RolloutAdvantage]:
+    """What each rollout of `groups` is given, as the batch carries it to its tokens: published with the update,
+    so the page shows what was trained on rather than a guess."""
+    return [RolloutAdvantage(group_id=group.group_id, rollout_id=rollout.rollout_id, advantage=own,
+                             calls=[CallAdvantage(seq=seq, advantage=value) for seq, value in sorted(calls.items())])
+            for group, found in zip(groups, _advantages(groups, normalise_by_std, credit, discount), strict=True)
+            for rollout, (calls, own) in zip(group.rollouts, found, strict=True)]
 
 
 def _token_advantages(s: Segment, calls: dict[int, float], rollout: float) -> list[float]:

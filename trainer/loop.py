@@ -44,7 +44,7 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from trainer import checkpoint
 from trainer.backend import UpdateBackend, open_backend
-from trainer.batch import select
+from trainer.batch import given_advantages, select
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.errors import DrainTimeout, EngineError, UpdateFailed
@@ -273,8 +273,10 @@ class Trainer:
         metrics = await asyncio.to_thread(run.backend.update, chosen.groups, state.version)
         updated = time.monotonic()
         rewards = [r.reward for g in groups for r in g.rollouts]
+        c = self.config
         record = UpdateRecord(version=version, metrics=metrics, mean_reward=sum(rewards) / max(len(rewards), 1),
-                              dropped_stale=chosen.stale, dropped_no_signal=chosen.no_signal, time=time.time())
+                              dropped_stale=chosen.stale, dropped_no_signal=chosen.no_signal, time=time.time(),
+                              advantages=given_advantages(chosen.groups, c.normalise_by_std, c.credit, c.discount))
         row = record.row()
         state.version = version
         state.history.append(row)

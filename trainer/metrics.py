@@ -8,9 +8,9 @@ numbers (`row`), the form `state.json` has always held.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from schemas.events import TrainerStep
+from schemas.events import RolloutAdvantage, TrainerStep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +39,7 @@ class UpdateRecord:
     dropped_stale: int = 0
     dropped_no_signal: int = 0
     time: float = 0.0  # wall-clock time of the record (seconds since the epoch)
+    advantages: list[RolloutAdvantage] = field(default_factory=list)  # published, not kept in the history
 
     def event(self, run_id: str) -> TrainerStep:
         m = self.metrics
@@ -46,7 +47,8 @@ class UpdateRecord:
             run_id=run_id, version=self.version, task_groups=m.task_groups, tokens=m.tokens,
             mean_reward=self.mean_reward, loss=m.loss, entropy=m.entropy, clip_fraction=m.clip_fraction, kl=m.kl,
             grad_norm=m.grad_norm, staleness_mean=m.staleness_mean, staleness_max=m.staleness_max,
-            dropped_stale=self.dropped_stale, dropped_no_signal=self.dropped_no_signal, seconds=m.seconds)
+            dropped_stale=self.dropped_stale, dropped_no_signal=self.dropped_no_signal, seconds=m.seconds,
+            advantages=self.advantages)
 
     def row(self) -> dict[str, float]:
         """The record as `TrainerState.history` keeps it (JSON numbers under the names the plots read)."""
