@@ -112,11 +112,15 @@ def recorded_run(run_id: str, seed: int = 0) -> list[ev.Event]:
             out += rollout(rng, run_id, f"{run_id}.letters-{g}/0", f"letters-{g}", k, version, reward)
     out = as_recorded(out)
     out += rebuild(out, run_id, Policy())
+    given = {1: [ev.RolloutAdvantage(group_id=f"{run_id}.letters-0/0", rollout_id=f"{run_id}.letters-0/0.r{k}.a0",
+                                     advantage=a, calls=[ev.CallAdvantage(seq=s, advantage=c) for s, c in calls])
+                 for k, (a, calls) in enumerate([(0.577, [(0, 0.3), (1, 0.577)]), (-1.155, [(0, -0.9), (1, -1.155)]),
+                                                 (0.577, [])])]}  # as with credit per call; letters-1 not trained
     for version in (1, 2):
         out.append(ev.TrainerStep(run_id=run_id, version=version, task_groups=2, tokens=300 * version,
                                   mean_reward=0.4 + 0.2 * version, loss=0.05 / version, entropy=2.0, clip_fraction=0.1,
                                   kl=0.01, grad_norm=1.0, staleness_mean=0.5, staleness_max=1.0, dropped_stale=0,
-                                  dropped_no_signal=0, seconds=3.0))
+                                  dropped_no_signal=0, seconds=3.0, advantages=given.get(version, [])))
         out.append(ev.WeightVersionPublished(run_id=run_id, version=version, checkpoint_path=f"/ckpt/v{version}"))
     return out
 
@@ -231,7 +235,10 @@ def test_every_view_in_headless_chromium(view: View, browser: WebDriver, tmp_pat
     assert len(members) == 3
     rewards = [m.find_element(By.CSS_SELECTOR, ".reward").text for m in members]
     advantages = [m.find_element(By.CSS_SELECTOR, ".advantage").text for m in members]
-    assert rewards == ["1", "0", "1"] and advantages == ["+0.707", "-1.414", "+0.707"]
+    assert rewards == ["1", "0", "1"] and advantages == ["+0.577", "-1.155", "+0.577"]  # as update 1 gave them
+    assert "update 1" in browser.find_element(By.ID, "given").text
+    assert members[0].find_element(By.CSS_SELECTOR, ".call-advantages").text == "#0 +0.300 · #1 +0.577"
+    assert not members[2].find_elements(By.CSS_SELECTOR, ".call-advantages")
     assert all(m.find_element(By.CSS_SELECTOR, "pre.answer").text.startswith("I will")
                for m in members)
 
@@ -291,7 +298,12 @@ def test_each_view_has_a_json_twin(view: View) -> None:
     assert [x for x, _ in curves["reward_by_update"]] == [1, 2] and curves["latency"][0]["api"] == "openai.chat"
     group = httpx.get(f"{api}/groups/{quote(f'{view.run_id}.letters-1/0')}").json()
     assert [m["row"]["reward"] for m in group["members"]] == [0.0, 1.0, None]
-    assert [m["advantage"] for m in group["members"]] == [-1.0, 1.0, None]  # the failed one has no reward
+    # not trained: estimated as verl's GRPO does (sample std); the failed one has no reward
+    assert [m["advantage"] for m in group["members"]] == [pytest.approx(-0.7071, abs=1e-4),
+                                                           pytest.approx(0.7071, abs=1e-4), None]
+    assert group["trained_in"] is None and all(m["calls"] == {} for m in group["members"])
+    given = httpx.get(f"{api}/groups/{quote(f'{view.run_id}.letters-0/0')}").json()
+    assert given["trained_in"] == 1 and given["members"][1]["calls"] == {"0": -0.9, "1": -1.155}
     rollout = httpx.get(f"{api}/rollouts/{quote(f'{view.run_id}.letters-1/0.r1.a0')}").json()
     assert rollout["row"]["status"] == "succeeded" and rollout["calls"]
     first = rollout["calls"][0]

@@ -65,7 +65,8 @@ class Filters:
 @dataclass(frozen=True, kw_only=True)
 class GroupMember:
     row: RolloutRow
-    advantage: float | None  # None: no reward
+    advantage: float | None  # None: no reward, or (the group trained) not among the rollouts trained on
+    calls: dict[int, float]  # with credit per call: each call's advantage, by its seq
     answer: str  # the last call's response text
 
 
@@ -76,6 +77,7 @@ class Group:
     task_id: str
     members: list[GroupMember]
     trained: bool  # a task group on tether.samples holds it
+    trained_in: int | None  # the update whose TrainerStep gave the advantages; None: estimated here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,13 +113,13 @@ class Trajectory:
 
 
 def advantages(rewards: list[float | None]) -> list[float | None]:
-    """The trainer's default (GRPO, outcome credit): (r - mean) / std over the group's rewarded rollouts, 0 where
-    they are all equal."""
+    """Until an update has trained the group: the trainer's default estimator (verl's GRPO, outcome credit), (r -
+    mean) / (sample std + 1e-6) over the group's rewarded rollouts, 0 where there is no signal."""
     known = [r for r in rewards if r is not None]
-    if not known:
-        return [None for _ in rewards]
-    mean, std = statistics.fmean(known), statistics.pstdev(known)
-    return [None if r is None else (0.0 if std < 1e-12 else (r - mean) / std) for r in rewards]
+    if len(known) < 2 or max(known) - min(known) <= 1e-12:
+        return [None if r is None else 0.0 for r in rewards]
+    mean, std = statistics.fmean(known), statistics.stdev(known)
+    return [None if r is None else (r - mean) / (std + 1e-6) for r in rewards]
 
 
 def conversation(api: str, request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -248,13 +250,22 @@ class RunReads:
             "INNER JOIN (SELECT call_id, api FROM calls FINAL WHERE run_id = {run:String}) AS a USING (call_id) "
             "WHERE run_id = {run:String} AND rollout_id IN {ids:Array(String)} GROUP BY rollout_id",
             run=run, ids=[r.rollout_id for r in rows])}
+        given = {r["rollout_id"]: r for r in self.store.rows(
+            "SELECT * FROM given_advantages FINAL WHERE run_id = {run:String} AND group_id = {group:String}",
+            run=run, group=group_id)}
+        estimated = advantages([r.reward for r in rows])
         members = []
-        for row, advantage in zip(rows, advantages([r.reward for r in rows]), strict=True):
+        for row, estimate in zip(rows, estimated, strict=True):
             found = last.get(row.rollout_id)
             text, tool_calls = answer_of(found["api"], _loads(found["response"])) if found else ("", [])
             text = "\n".join([text, *(f"{c['name']}({_arguments(c['arguments'])})" for c in tool_calls)]).strip()
-            members.append(GroupMember(row=row, advantage=advantage, answer=text))
-        return Group(run_id=run, group_id=group_id, task_id=rows[0].task_id, members=members, trained=trained)
+            mine = given.get(row.rollout_id)
+            members.append(GroupMember(
+                row=row, advantage=(mine["advantage"] if mine else None) if given else estimate, answer=text,
+                calls=dict(zip(mine["call_seqs"], mine["call_advantages"], strict=True)) if mine else {}))
+        trained_in = max((int(r["version"]) for r in given.values()), default=None)
+        return Group(run_id=run, group_id=group_id, task_id=rows[0].task_id, members=members, trained=trained,
+                     trained_in=trained_in)
 
     def trajectory(self, run: str, rollout_id: str) -> Trajectory | None:
         found = self.store.rows(f"SELECT * FROM ({ROLLOUTS}) WHERE rollout_id = {{rid:String}}", run=run,

@@ -1,6 +1,7 @@
 """The page's store: the analytics tables, plus every call's content, projected from the run's topics.
 
-The analytics rows are the sink's (`stream_processors.sink.row_for`); calls are
+The analytics rows are the sink's (`stream_processors.sink.row_for`), plus the
+advantages each update gave its rollouts (`given_advantages`); calls are
 kept as recorded (an extending call as its difference), and made whole when a
 trajectory is read. Rows are ReplacingMergeTree by their own id, so reading the
 topics again from the start stores nothing twice. Where the projection had read
@@ -17,7 +18,7 @@ from typing import Any, TypeAlias
 
 from clickhouse_connect.driver.client import Client
 
-from schemas.events import Event, ModelCall, run_of
+from schemas.events import Event, ModelCall, TrainerStep, run_of
 from stream_processors.errors import AnalyticsError
 from stream_processors.sink import Sink, connect
 
@@ -34,6 +35,12 @@ POSITIONS = """
 CREATE TABLE IF NOT EXISTS view_positions (
     reader String, topic String, partition UInt32, next_offset UInt64, written DateTime64(6, 'UTC')
 ) ENGINE = ReplacingMergeTree(written) ORDER BY (reader, topic, partition)
+"""
+GIVEN = """
+CREATE TABLE IF NOT EXISTS given_advantages (
+    run_id String, version Int64, group_id String, rollout_id String, advantage Float64,
+    call_seqs Array(UInt32), call_advantages Array(Float64)
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, group_id, rollout_id)
 """
 Positions: TypeAlias = Mapping[tuple[str, int], int]  # (topic, partition) -> the next offset to read
 CONTENT_COLUMNS = ["run_id", "rollout_id", "call_id", "seq", "choice_index", "request_json", "response_json",
@@ -63,8 +70,10 @@ class ViewStore:
         with self.lock:
             self.client.command(CONTENTS)
             self.client.command(POSITIONS)
+            self.client.command(GIVEN)
         self._sink = Sink(self.client)
         self._contents: list[list[Any]] = []
+        self._given: list[list[Any]] = []  # what each update gave each rollout (TrainerStep.advantages)
 
     def add(self, events: Sequence[Event], run_id: str | None, read_to: Positions | None = None) -> int:
         """Store the events (of `run_id` only, when given), then, once they are stored, `read_to`: where the
@@ -75,12 +84,20 @@ class ViewStore:
             self._sink.add(event)
             if isinstance(event, ModelCall):
                 self._contents.append(content_row(event))
+            elif isinstance(event, TrainerStep):
+                self._given += [[event.run_id, event.version, a.group_id, a.rollout_id, a.advantage,
+                                 [c.seq for c in a.calls], [c.advantage for c in a.calls]] for a in event.advantages]
         with self.lock:
             written = self._sink.flush()
             if self._contents:
                 self._insert("call_contents", self._contents, CONTENT_COLUMNS)
                 written += len(self._contents)
                 self._contents = []
+            if self._given:
+                self._insert("given_advantages", self._given, ["run_id", "version", "group_id", "rollout_id",
+                                                               "advantage", "call_seqs", "call_advantages"])
+                written += len(self._given)
+                self._given = []
             if read_to:
                 now = datetime.now(UTC)
                 self._insert("view_positions", [[reader(run_id), topic, partition, offset, now]
