@@ -35,7 +35,7 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
-from stream_processors.view.app import project
+from stream_processors.view.app import TOPICS, project
 from stream_processors.view.store import Positions, ViewStore
 from tests.conftest import spawn
 from tests.factories import T0, as_recorded
@@ -341,3 +341,17 @@ def test_a_restarted_view_reads_on_from_where_its_store_left_off(bus: BusSetting
     assert store.handed == len(late)  # not the run again from the start
     assert store.rows(rollouts, run=run_id) == [{"n": 13}]
     assert store.positions(None) == {}  # a view of every run has its own place
+
+
+def test_a_stored_place_past_a_topics_end_reads_the_topic_from_its_start(bus: BusSettings, tmp_path: Path) -> None:
+    """As after the topics were made anew: what the store says it read is beyond their end."""
+    run_id = f"anew-{uuid.uuid4().hex[:8]}"
+    recorded = recorded_run(run_id, seed=4)
+    asyncio.run(publish(bus, recorded))
+    store = CountingStore(f"chdb://{tmp_path / 'store'}", run_id)
+    beyond = {(topic.name, partition): 10**12 for topic in TOPICS for partition in range(topic.partitions)}
+    store.add([], run_id, beyond)
+    assert store.positions(run_id) == beyond
+    asyncio.run(project(store, bus, run_id, follow=False, caught_up=asyncio.Event()))
+    assert store.handed == len(recorded)
+    assert all(offset < 10**12 for offset in store.positions(run_id).values())

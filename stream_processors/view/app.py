@@ -35,9 +35,14 @@ async def project(store: ViewStore, bus: BusSettings, run_id: str | None, follow
     async with EventProducer(bus, client_id="tether-view") as dlq, \
             EventConsumer(bus, TOPICS, dlq, name="tether-view") as consumer:
         stored = await asyncio.to_thread(store.positions, run_id)
-        for tp in consumer.assignment():
-            if (tp.topic, tp.partition) in stored:  # past a topic's end (made anew): Kafka resets to its start
-                consumer.seek(tp, stored[tp.topic, tp.partition])
+        ends = await consumer.end_offsets()
+        for tp, end in ends.items():
+            place = stored.get((tp.topic, tp.partition))
+            if place is not None and place <= end:
+                consumer.seek(tp, place)
+            elif place is not None:  # the topic was made anew: what the store read is not this log
+                log.warning("%s[%d]: the store read to %d, past its end %d; reading it from the start", tp.topic,
+                            tp.partition, place, end)
         if stored:
             log.info("reading on from where the store left off (%d records in)", sum(stored.values()))
         async for item in consumer.follow_batches(timeout_ms=500):
