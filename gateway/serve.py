@@ -6,10 +6,9 @@ import json
 import logging
 import os
 
-import uvicorn
-
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from infra.serving import serve_app
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,5 +30,5 @@ def serve(settings: GatewaySettings) -> None:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-                limit_concurrency=4096, timeout_keep_alive=30)
+    serve_app(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+              limit_concurrency=4096, timeout_keep_alive=30)

@@ -1,4 +1,5 @@
-"""`tether up` with gateway replicas behind HAProxy: a replica killed under load fails no rollout."""
+"""`tether up` under load: a gateway replica lost behind HAProxy, or the single gateway killed and restarted by
+its supervisor, fails no harness that uses its SDK's default retries."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -44,20 +46,19 @@ async def announce(bus: BusSettings, run_id: str, rollout_ids: list[str]) -> Non
                                                     task_json="{}", group_size=1) for r in rollout_ids])
 
 
-def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: BusSettings, tiny_model: Path,
-                                                      tmp_path: Path) -> None:
-    run_id = f"replicas-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    settings = StackSettings(run_id=run_id, home=tmp_path / "home", model=tiny_model, engine_port=free_port(),
-                             gateway_port=free_port_block(3), gateway_replicas=2, with_trainer=False)
+def kill_under_load(broker: KafkaBroker, bus: BusSettings, settings: StackSettings,
+                    kill: Callable[[Stack], None]) -> Stack:
+    """ROLLOUTS harnesses with the SDK's default retries against the stack; `kill` strikes 1.5 s in. Every
+    harness must finish, and every rollout's calls be on the log once, in order, and sealed."""
     stack = Stack(settings, broker=broker)
     admin = {"authorization": f"Bearer {settings.admin_key}"}
-    rollout_ids = [f"{run_id}-r{i}" for i in range(ROLLOUTS)]
+    rollout_ids = [f"{settings.run_id}-r{i}" for i in range(ROLLOUTS)]
     try:
         stack.up()
         for rid in rollout_ids:  # as the controller does: register (through the balancer), then announce
-            httpx.post(f"{settings.gateway_url}/admin/rollouts", json={"rollout_id": rid, "run_id": run_id},
+            httpx.post(f"{settings.gateway_url}/admin/rollouts", json={"rollout_id": rid, "run_id": settings.run_id},
                        headers=admin).raise_for_status()
-        asyncio.run(announce(bus, run_id, rollout_ids))
+        asyncio.run(announce(bus, settings.run_id, rollout_ids))
         errors: list[BaseException] = []
         harnesses = [threading.Thread(target=episode, args=(f"{settings.gateway_url}/v1",
                                                             mint(rid, settings.secret), errors))
@@ -65,13 +66,10 @@ def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: 
         for h in harnesses:
             h.start()
         time.sleep(1.5)
-        victim = stack.pid("gateway-1")
-        assert victim is not None
-        os.kill(victim, signal.SIGKILL)
+        kill(stack)
         for h in harnesses:
             h.join(120)
         assert not errors, f"{len(errors)} harnesses failed: {errors[:3]}"
-        assert "restored rollout" in (stack.logs / "gateway-2.log").read_text()  # it took over the victim's
         sealed = {rid: httpx.post(f"{settings.gateway_url}/admin/rollouts/{rid}/seal", headers=admin,
                                   timeout=60).json()["call_ids"] for rid in rollout_ids}
     finally:
@@ -82,3 +80,41 @@ def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: 
         assert [c.seq for c in calls] == list(range(len(calls))), f"{rid}: seqs {[c.seq for c in calls]}"
         assert len(calls) >= TURNS and sorted(sealed[rid]) == sorted(c.call_id for c in calls)
         assert any(isinstance(e, RolloutSealed) for e in events)
+    return stack
+
+
+def stack_settings(tmp_path: Path, tiny_model: Path, replicas: int) -> StackSettings:
+    run_id = f"replicas-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    return StackSettings(run_id=run_id, home=tmp_path / "home", model=tiny_model, engine_port=free_port(),
+                         gateway_port=free_port_block(replicas + 1), gateway_replicas=replicas, with_trainer=False)
+
+
+def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: BusSettings, tiny_model: Path,
+                                                      tmp_path: Path) -> None:
+    """The replica's supervisor and server both SIGKILLed (a lost node): HAProxy sends its rollouts elsewhere."""
+    def lose_gateway_1(stack: Stack) -> None:
+        victim = stack.pid("gateway-1")
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)  # its server dies with it (PR_SET_PDEATHSIG)
+
+    stack = kill_under_load(broker, bus, stack_settings(tmp_path, tiny_model, 2), lose_gateway_1)
+    assert "restored rollout" in (stack.logs / "gateway-2.log").read_text()  # it took over the victim's
+
+
+def test_the_single_gateway_killed_under_load_fails_no_harness(broker: KafkaBroker, bus: BusSettings,
+                                                               tiny_model: Path, tmp_path: Path) -> None:
+    """`tether up`'s default, one gateway, its server SIGKILLed mid-episode: the supervisor starts it again on the
+    socket it holds, the harnesses' calls wait in the listen backlog meanwhile, and the SDKs' default retries
+    (about 1.5 s, shorter than a start) are never exhausted."""
+    killed: list[int] = []
+
+    def kill_the_server(stack: Stack) -> None:
+        victim = stack.server_pid("gateway")
+        assert victim is not None and victim != stack.pid("gateway")
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+
+    stack = kill_under_load(broker, bus, stack_settings(tmp_path, tiny_model, 1), kill_the_server)
+    log = (stack.logs / "gateway.log").read_text()
+    assert f"server (pid {killed[0]}) exited with signal SIGKILL" in log and "restart 1 " in log, log[-3000:]
+    assert "restored rollout" in log  # the new process read the live rollouts back from the log

@@ -6,7 +6,10 @@ Service would put them; each replica keeps its gateway id across restarts.
 
 Each service runs from the `tether` command itself, with a PID file (pid and
 kernel start time, so a recycled pid is not mistaken for it) under the stack
-folder and its log under the run's folder. `up` starts what is not running
+folder and its log under the run's folder. The engine and each gateway run
+under `infra.supervisor`, which holds their listening socket and starts them
+again when they die: harnesses' connections wait in the backlog meanwhile
+instead of being refused. Their PID file names the supervisor. `up` starts what is not running
 and waits for each part to be healthy before the next, naming the part that
 failed; `down` stops them in reverse order and leaves nothing running.
 """
@@ -30,7 +33,7 @@ from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 from infra.loadbalancer import config as haproxy_config
 from infra.loadbalancer import haproxy
-from infra.processes import alive, running_pid, spawn, stop_group, tail, write_pid_file
+from infra.processes import alive, children_of, running_pid, spawn, stop_group, tail, write_pid_file
 
 _STOP_GRACE_S = 30.0  # each service's time from SIGTERM to SIGKILL on `down`
 
@@ -75,6 +78,15 @@ class Service:
     env: dict[str, str]
     health: Callable[[], bool]
 
+    @property
+    def supervised(self) -> bool:
+        return self.argv[1:3] == ["-m", "infra.supervisor"]
+
+
+def _supervised(port: int, argv: list[str]) -> list[str]:
+    """`argv` (a server on loopback `port`) under the supervisor that keeps the port listening across restarts."""
+    return [sys.executable, "-m", "infra.supervisor", "--port", str(port), "--", *argv]
+
 
 def _http_ok(url: str) -> Callable[[], bool]:
     def probe() -> bool:
@@ -97,7 +109,8 @@ class Stack:
         tether = [sys.executable, "-m", "tether.cli"]
         trainer_yaml = s.run_dir / "trainer.yaml"
         parts = [
-            Service("engine", [*tether, "engine", "serve", "--model", str(s.model), "--port", str(s.engine_port)],
+            Service("engine", _supervised(s.engine_port, [*tether, "engine", "serve", "--model", str(s.model),
+                                                          "--port", str(s.engine_port)]),
                     {}, _http_ok(f"{s.engine_url}/health")),
             *self._gateways(tether, bus("gateway")),
             Service("processors", [*tether, "processors", "run", "--run", s.run_id],
@@ -117,8 +130,9 @@ class Stack:
         s = self.settings
         replicas = [("gateway", s.gateway_port)] if s.gateway_replicas == 1 else \
             [(f"gateway-{i}", s.gateway_port + i) for i in range(1, s.gateway_replicas + 1)]
-        parts = [Service(name, [*tether, "gateway", "serve", "--engine", s.engine_url, "--tokenizer", str(s.model),
-                                "--port", str(port), "--run-id", s.run_id],
+        parts = [Service(name, _supervised(port, [*tether, "gateway", "serve", "--engine", s.engine_url,
+                                                  "--tokenizer", str(s.model), "--port", str(port),
+                                                  "--run-id", s.run_id]),
                          {**bus, "TETHER_GATEWAY_SECRET": s.secret, "TETHER_GATEWAY_ADMIN_KEY": s.admin_key,
                           "TETHER_GATEWAY_GATEWAY_ID": f"{s.run_id}-{name}",
                           "TETHER_GATEWAY_PUBLIC_URL": s.gateway_url},
@@ -146,6 +160,17 @@ class Stack:
         process is a zombie until reaped: it counts as gone (and is reaped), so `up` starts it again."""
         pid = running_pid(self._pid_file(name))
         return pid if pid is not None and alive(pid) else None
+
+    def server_pid(self, name: str) -> int | None:
+        """The pid of the server a supervised service runs now (it changes when the server restarts); for an
+        unsupervised service, the service's own pid."""
+        pid = self.pid(name)
+        if pid is None:
+            return None
+        if not next(s for s in self.services() if s.name == name).supervised:
+            return pid
+        servers = [child for child in children_of(pid) if alive(child)]
+        return servers[0] if servers else None  # between two of its lives
 
     def _write_trainer_config(self) -> None:
         s = self.settings

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import torch
-import uvicorn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from infra.serving import serve_app
 from trainer.engine.app import create_app
 from trainer.engine.engine import Engine
 from trainer.engine.settings import EngineSettings
@@ -36,4 +36,4 @@ def serve(settings: EngineSettings) -> None:
     engine = load_engine(settings)
     app = create_app(engine, settings.served_model_name or settings.model, settings.max_logprobs,
                      default_max_tokens=settings.default_max_tokens)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    serve_app(app, host=settings.host, port=settings.port, log_level="warning")
