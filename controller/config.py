@@ -78,9 +78,10 @@ class RunConfig(Strict):
 
 
 def load_config(path: Path) -> RunConfig:
-    """Relative paths in the file are relative to the file."""
+    """Relative paths in the file are relative to the file, and come out absolute: harnesses and reward
+    commands run in `harness.workdir`, where a path relative to the controller's directory names nothing."""
     config = load_model(path, RunConfig, ConfigError)
-    base = path.parent
+    base = path.absolute().parent
     resolve = {"dataset": base / config.dataset, "log_dir": base / config.log_dir}
     harness = config.harness.model_copy(update={
         k: base / v for k, v in (("job_template", config.harness.job_template), ("workdir", config.harness.workdir))

@@ -181,24 +181,34 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     assert isinstance(load_config(write_run(tmp_path, "r", [{"id": "t"}])), RunConfig)
 
 
+@pytest.mark.parametrize("paths", ["absolute", "relative"])
 def test_killed_mid_run_and_restarted_every_group_ends_with_k(
-        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
-    """SIGKILL the controller while harnesses run; the restarted one re-attaches and launches only what is missing."""
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str, paths: str) -> None:
+    """SIGKILL the controller while harnesses run; the restarted one re-attaches and launches only what is missing.
+    `relative`: as the README runs an example, the run file named relative to the controller's directory and
+    the harness in a workdir of its own; a harness that ends while no controller watches still leaves its exit
+    code where the next controller looks (before, the wrapper wrote it relative to the workdir and failed, and
+    the restarted controller ran that rollout's harness again)."""
     tasks = [{"id": f"t{i}", "sleep": 1.0 + 0.3 * (i % 3), "reward": i / 10} for i in range(6)]
+    workdir = {"workdir": "work"} if paths == "relative" else {}
+    (tmp_path / "work").mkdir()
     path = write_run(tmp_path, run_id, tasks, group_size=3, concurrency=4, max_groups_in_flight=2)
+    config = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**config, "harness": {**config["harness"], **workdir}}))
     env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers,
            "TETHER_CONTROLLER_GATEWAY_URL": scripted_gateway.url, "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": ADMIN_KEY,
-           "TETHER_CONTROLLER_GATEWAY_SECRET": SECRET}
-    command = [sys.executable, "-m", "tether.cli", "controller", "run", str(path)]
+           "TETHER_CONTROLLER_GATEWAY_SECRET": SECRET, "PYTHONPATH": str(ROOT)}
+    run_file = str(path) if paths == "absolute" else path.name
+    command = [sys.executable, "-m", "tether.cli", "controller", "run", run_file]
     log = (tmp_path / "controller.log").open("wb")
-    first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     deadline = time.monotonic() + 60
     while sum(ledger(tmp_path).values()) < 6 and time.monotonic() < deadline:  # some ran, some run now
         time.sleep(0.1)
     first.send_signal(signal.SIGKILL)
     first.wait()
     running_at_kill = len(ledger(tmp_path))
-    second = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=240)
+    second = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=240, cwd=tmp_path)
     assert second.returncode == 0, (tmp_path / "controller.log").read_text()[-2000:]
 
     view = asyncio.run(read_run(bus, run_id, group_size=3, max_attempts=3))
@@ -206,6 +216,9 @@ def test_killed_mid_run_and_restarted_every_group_ends_with_k(
     assert running_at_kill >= 6
     assert max(started.values()) == 1  # no rollout started twice
     assert max(ledger(tmp_path).values()) == 1  # no harness ran twice
+    assert len(started) == 18 == len(view.rollouts)  # and none again as a later attempt: nothing was lost
+    assert all(s.finished and s.finished.status == "succeeded" for s in view.rollouts.values()), \
+        [(rid, s.finished) for rid, s in view.rollouts.items()]
     for gid in view.slots:
         counted = view.finished_rollouts(gid)
         assert len(counted) == 3 and all(s.finished and s.finished.status in DONE for s in counted), gid

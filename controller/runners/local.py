@@ -93,7 +93,8 @@ class LocalRunner:
 
     @staticmethod
     def _files(spec: ProcessSpec) -> tuple[Path, Path]:
-        folder = spec.log_path.parent  # rollout ids have dots: no with_suffix
+        """Its pid and exit files, absolute: the wrapper that writes the exit file runs in the harness's workdir."""
+        folder = spec.log_path.absolute().parent  # rollout ids have dots: no with_suffix
         return folder / f"{spec.rollout_id}.pid", folder / f"{spec.rollout_id}.exit"
 
     async def start(self, spec: ProcessSpec) -> None:
@@ -115,7 +116,7 @@ class LocalRunner:
                 process = await asyncio.create_subprocess_exec(
                     "sh", "-c", _WRAPPER, "tether-harness", str(exit_file), *spec.argv,
                     stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                    env=spec.env, cwd=spec.workdir, start_new_session=True)
+                    env=spec.env, cwd=spec.workdir.absolute() if spec.workdir else None, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"{spec.argv[0]}: cannot start: {exc}") from exc
         self._children[spec.rollout_id] = process
@@ -125,10 +126,10 @@ class LocalRunner:
         zygote = self._zygotes.get(interpreter)
         if zygote is None or zygote.process.returncode is not None:
             zygote = self._zygotes[interpreter] = await _Zygote.start(interpreter, self.preload, spec.env)
-        here = os.getcwd()  # the zygote's working directory is the controller's, not the harness's
-        return await zygote.fork({"argv": spec.argv[1:], "env": spec.env, "log": os.path.join(here, spec.log_path),
-                                  "exit": os.path.join(here, exit_file),
-                                  "cwd": os.path.join(here, spec.workdir) if spec.workdir else None})
+        # the zygote's working directory is the controller's, not the harness's: every path absolute
+        return await zygote.fork({"argv": spec.argv[1:], "env": spec.env, "log": str(spec.log_path.absolute()),
+                                  "exit": str(exit_file),
+                                  "cwd": str(spec.workdir.absolute()) if spec.workdir else None})
 
     def _running(self, spec: ProcessSpec) -> bool:
         """Its process exists, a zombie included: the exit file may not be written yet."""
