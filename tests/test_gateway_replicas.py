@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from typer.testing import CliRunner
 
 from infra.kafka.launcher import KafkaBroker
 from infra.processes import free_port, free_port_block
@@ -21,6 +22,7 @@ from schemas.producer import EventProducer
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 from tests.test_gateway_openai import recorded
+from tether.cli import app
 from tether.stack import Stack, StackSettings
 
 ROLLOUTS, TURNS = 8, 8
@@ -109,6 +111,10 @@ def test_the_single_gateway_killed_under_load_fails_no_harness(broker: KafkaBrok
     killed: list[int] = []
 
     def kill_the_server(stack: Stack) -> None:
+        status = CliRunner().invoke(app, ["status"], env={"TETHER_STACK_HOME": str(stack.settings.home),
+                                                          "COLUMNS": "300"})
+        assert f"stack of run {stack.settings.run_id}" in status.output  # the run that runs, from any shell
+        assert str(stack.pid("gateway")) in status.output, status.output
         victim = stack.server_pid("gateway")
         assert victim is not None and victim != stack.pid("gateway")
         os.kill(victim, signal.SIGKILL)

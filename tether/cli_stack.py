@@ -27,22 +27,32 @@ def stack_down(keep_kafka: Annotated[bool, typer.Option(help="Leave the broker r
     """Stop every part of the local stack, Kafka last; nothing is left running."""
     from tether.stack import Stack, StackSettings
 
+    settings = load_settings(StackSettings)
+    stack = Stack.recorded(settings) or Stack(settings)  # the stack that runs, as `up` started it
     with failing_cleanly():
-        Stack(load_settings(StackSettings)).down(say=lambda line: typer.echo(line, err=True), keep_kafka=keep_kafka)
+        stack.down(say=lambda line: typer.echo(line, err=True), keep_kafka=keep_kafka)
 
 
 def stack_status() -> None:
-    """Which parts of the local stack run."""
+    """Which parts of the local stack run, and of which run."""
     from tether.stack import Stack, StackSettings
 
-    stack = Stack(load_settings(StackSettings))
-    table = Table(title=f"stack of run {stack.settings.run_id}")
+    settings = load_settings(StackSettings)
+    stack = Stack.recorded(settings)
+    if stack is None:
+        kafka = Stack(settings).broker.pid()
+        typer.echo(f"no stack started under {settings.home} (`tether up` starts one); "
+                   f"Kafka: {f'pid {kafka}' if kafka else 'not running'}")
+        return
+    console = Console()
+    console.print(f"stack of run {stack.settings.run_id} under {settings.home}", soft_wrap=True)
+    table = Table()
     table.add_column("part")
     table.add_column("pid")
     table.add_row("kafka", str(stack.broker.pid() or "-"))
     for name, pid in stack.status().items():
         table.add_row(name, str(pid or "-"))
-    Console().print(table)
+    console.print(table)
 
 
 def demo() -> None:

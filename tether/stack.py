@@ -9,13 +9,18 @@ kernel start time, so a recycled pid is not mistaken for it) under the stack
 folder and its log under the run's folder. The engine and each gateway run
 under `infra.supervisor`, which holds their listening socket and starts them
 again when they die: harnesses' connections wait in the backlog meanwhile
-instead of being refused. Their PID file names the supervisor. `up` starts what is not running
+instead of being refused. Their PID file names the supervisor.
+
+One stack runs per home folder. `up` records which (its run id, ports and
+replicas, in `stack/stack.json`), so that `status` and `down` act on the stack
+that runs, whatever the environment of the shell that asks says. `up` starts what is not running
 and waits for each part to be healthy before the next, naming the part that
 failed; `down` stops them in reverse order and leaves nothing running.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -36,6 +41,8 @@ from infra.loadbalancer import haproxy
 from infra.processes import alive, children_of, running_pid, spawn, stop_group, tail, write_pid_file
 
 _STOP_GRACE_S = 30.0  # each service's time from SIGTERM to SIGKILL on `down`
+#: What `up` records of the stack it starts: every setting that names its processes (no secrets).
+_RECORDED = ("run_id", "engine_port", "gateway_port", "gateway_replicas", "with_trainer")
 
 
 class StackError(InfraError):
@@ -155,6 +162,21 @@ class Stack:
     def _pid_file(self, name: str) -> Path:
         return self.pids / f"{name}.pid"
 
+    @classmethod
+    def recorded(cls, settings: StackSettings, broker: KafkaBroker | None = None) -> Stack | None:
+        """The stack `up` last started under `settings.home` (its recorded settings over `settings`), or None."""
+        try:
+            found = json.loads((settings.home / "stack" / "stack.json").read_text())
+            return cls(settings.model_copy(update={k: found[k] for k in _RECORDED}), broker)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _record(self) -> None:
+        (self.pids / "stack.json").write_text(json.dumps({k: getattr(self.settings, k) for k in _RECORDED}))
+
+    def running(self) -> bool:
+        return any(pid is not None for pid in self.status().values())
+
     def pid(self, name: str) -> int | None:
         """The service's pid if it runs (and is the process we started). A service that died as a child of this
         process is a zombie until reaped: it counts as gone (and is reaped), so `up` starts it again."""
@@ -179,9 +201,15 @@ class Stack:
         (s.run_dir / "trainer.yaml").write_text(yaml.safe_dump(config))
 
     def up(self, say: Callable[[str], None] = lambda _: None) -> None:
-        """Start what is not running, in order, each healthy before the next. Idempotent."""
+        """Start what is not running, in order, each healthy before the next. Idempotent; refused while another
+        run's stack runs under the same home."""
+        other = Stack.recorded(self.settings, self.broker)
+        if other is not None and other.settings.run_id != self.settings.run_id and other.running():
+            raise StackError(f"the stack of run {other.settings.run_id!r} runs under {self.settings.home}: "
+                             "`tether down` it first (one stack per home folder)")
         self.pids.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._record()
         say(f"Kafka: pid {self.broker.start()} on {self.broker.bootstrap}")  # starts it unless it runs
         import asyncio
 
@@ -226,6 +254,7 @@ class Stack:
                 stop_group(pid, _STOP_GRACE_S)
                 say(f"{service.name}: stopped")
             self._pid_file(service.name).unlink(missing_ok=True)
+        (self.pids / "stack.json").unlink(missing_ok=True)
         if not keep_kafka and self.broker.stop():
             say("Kafka: stopped")
 
