@@ -1,13 +1,13 @@
 """Faults under load: parts of a live run SIGKILLed one at a time, with figures per fault and the run checked after.
 
     .venv/bin/python bench/chaos.py [--warmup 30] [--settle 25] [--down 5] [--concurrency 4] [--turns 8]
-                                    [--faults broker,gateway-replica,processors,trainer,controller] [--keep]
-                                    [--security sasl_ssl]
+                                    [--faults broker,gateway-replica,gateway-restart,processors,trainer,controller]
+                                    [--replicas 2] [--keep] [--security sasl_ssl]
 
 The run: a three-broker KRaft cluster (the project's launcher, replication
 factor 3, min.insync.replicas 2; plaintext, or with --security sasl_ssl TLS,
-a SCRAM user per service and ACLs), `tether up`'s stack with two
-gateway replicas behind HAProxy, the processors, a second processors worker
+a SCRAM user per service and ACLs), `tether up`'s stack with `--replicas`
+gateways (two by default, behind HAProxy; one is `tether up`'s default), the processors, a second processors worker
 sharing tether.calls' partitions (same app id, its own state folder, no
 analytics sink), the trainer updating every `--batch-groups` task groups, and
 `tether controller run` as its own process running bench/chaos_harness.py
@@ -19,11 +19,13 @@ The faults, one at a time, each SIGKILL followed by `--down` s without the
 part, its restart, and `--settle` s of quiet:
   broker           the leader of tether.calls' partition 0, restarted on its intact disk
   gateway-replica  gateway-1 of the two (HAProxy sends its rollouts to gateway-2), then `tether up` again
+  gateway-restart  the gateway's server process only (gateway-1's with replicas): its supervisor starts it
+                   again at once on the socket it holds, calls wait in the backlog meanwhile (no `--down`)
   processors       the stack's worker (the other keeps running), then `tether up` again
   trainer          then `tether up` again (it resumes from its checkpoint and settles an interrupted update)
   controller       then started again (it re-attaches to the harnesses still running)
 
-Per fault: time to recover (broker, replica: the part ready again; processors:
+Per fault: time to recover (broker, replica, restart: the part ready again; processors:
 the next task group on tether.samples; trainer: the next weight version
 published; controller: the next rollout launched) and the first call that
 succeeded after the kill; calls/s and p99 latency as the harnesses saw them
@@ -92,11 +94,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heap", default="384m", help="each broker's JVM heap")
     parser.add_argument("--security", choices=("plaintext", "sasl_ssl"), default="plaintext",
                         help="the cluster's listeners: sasl_ssl gives every service its own user, TLS and ACLs")
+    parser.add_argument("--replicas", type=int, default=2, help="gateways; 1 is `tether up`'s default (no HAProxy)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, calls, checkpoints)")
     args = parser.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if unknown := set(args.faults) - set(FAULTS):
         parser.error(f"unknown faults {sorted(unknown)}; choose from {FAULTS}")
+    if args.replicas < 1 or (args.replicas == 1 and "gateway-replica" in args.faults):
+        parser.error("gateway-replica needs --replicas 2 or more (one gateway has no other to take over)")
     return args
 
 
@@ -125,7 +130,8 @@ def start(run: Run) -> None:
         t = time.time()
         run.broker.start()
     console.print(f"Kafka: 3 brokers on {run.broker.bootstrap}, {run.args.security} ({time.time() - t:.0f} s)")
-    with console.status("tether up: engine, 2 gateway replicas + HAProxy, processors, trainer..."):
+    gateways = "1 gateway" if run.args.replicas == 1 else f"{run.args.replicas} gateway replicas + HAProxy"
+    with console.status(f"tether up: engine, {gateways}, processors, trainer..."):
         t = time.time()
         run.stack.up()
         run.start_second_worker()
@@ -151,7 +157,7 @@ def tear_down(run: Run) -> None:
 
 def print_results(run: Run, calls: list[dict[str, Any]], found: list[Check]) -> None:
     console.print(fault_table(run, calls))
-    console.print("recovered: broker, replica = the part ready again; processors = next task group on "
+    console.print("recovered: broker, replica, restart = the part ready again; processors = next task group on "
                   "tether.samples; trainer = next version published; controller = next rollout launched.")
     summary = Table(title="checks after the run")
     for column in ("check", "", "detail"):

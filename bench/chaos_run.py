@@ -36,7 +36,7 @@ from tether.stack import Stack, StackSettings
 from trainer.tiny_model import init_tiny
 
 HARNESS = Path(__file__).parent / "chaos_harness.py"
-FAULTS = ("broker", "gateway-replica", "processors", "trainer", "controller")
+FAULTS = ("broker", "gateway-replica", "gateway-restart", "processors", "trainer", "controller")
 STACK_FAULTS = {  # fault → (the stack's service killed, what the table calls it); `tether up` restarts it
     "gateway-replica": ("gateway-1", "gateway-1 of 2"),  # HAProxy sends its rollouts to gateway-2 meanwhile
     "processors": ("processors", "processors worker 1 of 2"),  # the second worker keeps running
@@ -134,6 +134,8 @@ class Run:
             return self._broker_fault()
         if name == "controller":
             return self._controller_fault()
+        if name == "gateway-restart":
+            return self._server_fault("gateway" if self.settings.gateway_replicas == 1 else "gateway-1")
         if name not in STACK_FAULTS:
             raise ValueError(name)
         service, what = STACK_FAULTS[name]
@@ -143,6 +145,24 @@ class Run:
         back = time.time()
         # a replica has recovered once it is ready again; the others by what they publish next (finish_recovery)
         return Fault(name, what, killed, back, back if name == "gateway-replica" else None)
+
+    def _server_fault(self, service: str) -> Fault:
+        """The service's server SIGKILLed, its supervisor left alone: no `tether up`, no `--down`; the supervisor
+        starts it again at once on the listening socket it holds. Back: a new server answers its health check."""
+        victim = self.stack.server_pid(service)
+        if victim is None:
+            raise RuntimeError(f"{service} is not running before its fault")
+        probe = next(s for s in self.stack.services() if s.name == service).health
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while self.stack.server_pid(service) in (None, victim) or not probe():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{service} was not back within 120 s of its server's death; see its log")
+            time.sleep(0.05)
+        back = time.time()
+        what = f"{service}'s server (supervisor kept its socket)"
+        return Fault("gateway-restart", what, killed, back, back)
 
     def _broker_fault(self) -> Fault:
         victim = asyncio.run(calls_leader(self.broker.client_settings()))
@@ -185,14 +205,15 @@ class Run:
 
 def prepare(args: argparse.Namespace) -> Run:
     """The run, nothing started yet: a scratch folder, a three-broker cluster on a free block of ports, the stack
-    on it (two gateway replicas, the trainer updating every `--batch-groups` groups), the monitor."""
+    on it (`--replicas` gateways, the trainer updating every `--batch-groups` groups), the monitor."""
     scratch = Path(tempfile.mkdtemp(prefix="tether-chaos-"))
     base = free_port_block()
     broker = KafkaBroker(BrokerSettings(state_dir=scratch / "kafka", brokers=3, port=base, controller_port=base + 1,
                                         heap=args.heap, start_timeout_s=240, security=args.security))
     run_id = "chaos"
     settings = StackSettings(run_id=run_id, home=scratch / "home", model=init_tiny(scratch / "tiny"),
-                             engine_port=free_port(), gateway_port=free_port_block(3), gateway_replicas=2, trainer={
+                             engine_port=free_port(), gateway_port=free_port_block(args.replicas + 1),
+                             gateway_replicas=args.replicas, trainer={
                                  "batch_groups": args.batch_groups, "max_staleness": 100, "zero_variance": "keep",
                                  "lr": 1e-4})
     calls_dir = scratch / "calls"

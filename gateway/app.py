@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,6 +35,7 @@ from gateway.tool_parsers import parser_for
 from schemas.heap import settle
 from schemas.producer import EventProducer
 
+log = logging.getLogger("tether.gateway")
 RESTORE_WINDOW_S = 6 * 3600.0  # how far back a rollout this process does not hold is looked for in the log
 
 
@@ -49,16 +52,24 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: GatewaySettings = app.state.settings
+    started = time.perf_counter()
     producer = EventProducer(settings.bus, client_id=f"gateway-{settings.gateway_id}")
-    await producer.start()
     engines = EnginePool(settings.engines, retries=settings.engine_retries, timeout_s=settings.engine_timeout_s)
-    tokenizer = await asyncio.to_thread(ChatTokenizer.load, settings.tokenizer)
+    # Independent waits, at once: a restarted gateway's calls queue until it serves (infra/supervisor.py).
+    try:
+        tokenizer, model, _ = await asyncio.gather(asyncio.to_thread(ChatTokenizer.load, settings.tokenizer),
+                                                   _model_name(settings, engines), producer.start())
+    except BaseException:
+        await engines.close()
+        await producer.stop()
+        raise
+    prepared = time.perf_counter()
     metrics, gate = Metrics(), Gate(settings.max_hold_s)
     own = OwnWrites()
     history = RolloutHistory(settings.bus, producer, window_s=RESTORE_WINDOW_S,
                              name=f"gateway-{settings.gateway_id}-history", tips=settings.extendable_calls)
-    gateway = Gateway(gateway_id=settings.gateway_id, model=settings.model_name or await engines.model(),
-                      renderer=Renderer(tokenizer), parser=parser_for(settings.tool_parser), engines=engines,
+    gateway = Gateway(gateway_id=settings.gateway_id, model=model, renderer=Renderer(tokenizer),
+                      parser=parser_for(settings.tool_parser), engines=engines,
                       recorder=Recorder(producer, own), rollouts=Rollouts(max_tips=settings.extendable_calls),
                       gate=gate, metrics=metrics, history=history)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
@@ -69,6 +80,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]
     await _started(tasks, [peers.ready, control.ready])
     app.state.gateway = gateway
+    log.info("gateway %s starts serving: tokenizer, Kafka producer and engine %.2f s, then the control and peer "
+             "logs read %.2f s", settings.gateway_id, prepared - started, time.perf_counter() - prepared)
     settle()  # the tokenizer and the libraries live as long as the process (schemas.heap)
     try:
         yield
@@ -82,6 +95,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await producer.stop()
 
 
+
+
+async def _model_name(settings: GatewaySettings, engines: EnginePool) -> str:
+    return settings.model_name or await engines.model()
 
 
 async def _started(tasks: list[asyncio.Task[None]], ready: list[asyncio.Event]) -> None:
