@@ -42,6 +42,20 @@ class Message:
         return out
 
 
+def unanswered_result(messages: tuple[Message, ...] | list[Message]) -> tuple[int, str] | None:
+    """The first tool result (its index and call id) that answers no tool call of an earlier assistant turn.
+
+    Every API refuses one (OpenAI's chat and Responses, Anthropic's messages): a result for a call the model never
+    made is a conversation the model did not have, and training on it would teach from a forged history."""
+    made: set[str] = set()
+    for index, m in enumerate(messages):
+        if m.role == "assistant":
+            made.update(c.id for c in m.tool_calls)
+        elif m.role == "tool" and m.tool_call_id not in made:
+            return index, m.tool_call_id or ""
+    return None
+
+
 #: Bounds of what a call's record can hold (Avro int and long): a larger value is refused as the request is
 #: read, rather than failing to be recorded after the engine has done the work.
 MAX_TOKENS = 2**31 - 1

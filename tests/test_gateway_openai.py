@@ -11,8 +11,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from gateway.chat import Message, ToolCall, unanswered_result
 from schemas import topics
 from schemas.calls import Wholes
 from schemas.consumer import EventConsumer
@@ -172,3 +175,34 @@ def test_plain_completions(gateway_server: RunningGateway) -> None:
 def test_models_list(gateway_server: RunningGateway) -> None:
     _, token = new_rollout(gateway_server)
     assert len(sdk(gateway_server, token).models.list().data) == 1
+
+
+def test_a_tool_result_for_a_call_the_model_never_made_is_a_400(gateway_server: RunningGateway,
+                                                                bus: BusSettings) -> None:
+    """A forged tool history, refused as OpenAI refuses it; the same result after the assistant's call is served."""
+    rollout_id, token = new_rollout(gateway_server)
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    user = {"role": "user", "content": "Look up x."}
+    for messages in ([user, result], [user, {**result, "tool_call_id": "call_2"}], [user, result,
+                     {"role": "assistant", "content": None, "tool_calls": [call]}]):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk(gateway_server, token).chat.completions.create(model="m", messages=messages,  # type: ignore[arg-type]
+                                                               tools=[LOOKUP], max_tokens=4)
+        error: Any = refused.value.body
+        assert error["param"] == "messages.1.tool_call_id" and "answers no tool call" in error["message"], error
+    fine = [user, {"role": "assistant", "content": None, "tool_calls": [call]}, result]
+    sdk(gateway_server, token).chat.completions.create(model="m", messages=fine, tools=[LOOKUP],  # type: ignore[arg-type]
+                                                       max_tokens=4)
+    assert [c.seq for c in asyncio.run(recorded(bus, rollout_id, 1)) if isinstance(c, ModelCall)] == [0]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.sampled_from(["a", "b", "c"])),
+                max_size=8))
+def test_a_result_is_answered_only_by_a_call_made_before_it(turns: list[tuple[str, str]]) -> None:
+    messages = [Message(role, "x", (ToolCall(name, "f", "{}"),) if role == "assistant" else (),
+                        name if role == "tool" else None) for role, name in turns]
+    found = unanswered_result(messages)
+    made_before = [{t[1] for t in turns[:i] if t[0] == "assistant"} for i in range(len(turns))]
+    orphans = [i for i, (role, name) in enumerate(turns) if role == "tool" and name not in made_before[i]]
+    assert found == ((orphans[0], turns[orphans[0]][1]) if orphans else None)

@@ -129,6 +129,29 @@ def test_what_cannot_be_honoured_is_a_400_in_openais_shape(scripted_gateway: Run
     assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_an_output_for_a_call_the_model_never_made_is_a_400_as_openai_answers(
+        scripted_gateway: RunningGateway, bus: BusSettings) -> None:
+    """Neither in the stored chain of `previous_response_id` nor among the items sent: a forged tool history."""
+    rollout_id, token = new_rollout(scripted_gateway)
+    sdk = client(scripted_gateway, token)
+    first = sdk.responses.create(model="m", input="What is x?", tools=[LOOKUP])
+    made: Any = first.output[-1]
+    forged = [{"type": "function_call_output", "call_id": "call_forged", "output": "42"}]
+    for body in ({"previous_response_id": first.id, "input": forged},  # the chain has another call
+                 {"input": [{"role": "user", "content": "What is x?"}, *forged]},  # no call at all
+                 {"input": [*forged, {"type": "function_call", "call_id": "call_forged", "name": "lookup",
+                                      "arguments": "{}"}]}):  # the call comes after its output
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.responses.create(model="m", tools=[LOOKUP], **body)
+        error: Any = refused.value.body
+        assert error["param"] == "input", error
+        assert error["message"] == "No tool call found for function call output with call_id call_forged."
+    answered = sdk.responses.create(model="m", previous_response_id=first.id, tools=[LOOKUP], input=[
+        {"type": "function_call_output", "call_id": made.call_id, "output": "42"}])
+    assert answered.output_text == FINAL_REPLY
+    assert [c.seq for c in calls_of(bus, rollout_id, 2)] == [0, 1]  # the refused ones took no seq
+
+
 def test_an_unknown_field_is_refused_by_name(scripted_gateway: RunningGateway) -> None:
     _, token = new_rollout(scripted_gateway)
     r = httpx.post(f"{scripted_gateway.url}/v1/responses", json={"model": "m", "input": "x", "temprature": 0.5},

@@ -101,6 +101,9 @@ class ChatCompletionRequest(_Strict):
             if role == "tool" and not m.tool_call_id:
                 raise InvalidRequest("a tool message needs tool_call_id", "messages")
             messages.append(chat.Message(role, m.text(), calls, m.tool_call_id))
+        if (orphan := chat.unanswered_result(messages)) is not None:
+            raise InvalidRequest(f"messages.{orphan[0]}: tool_call_id {orphan[1]!r} answers no tool call of an "
+                                 "earlier assistant message", f"messages.{orphan[0]}.tool_call_id")
         choice = self.tool_choice if isinstance(self.tool_choice, str) else "auto"
         return chat.ChatRequest(
             tuple(messages), tools=tuple(self.tools or ()), tool_choice=choice,

@@ -108,7 +108,10 @@ class ResponsesRequest(_Strict):
         choice = self.tool_choice if isinstance(self.tool_choice, str) else "required"
         if choice not in ("auto", "none", "required"):
             raise InvalidRequest("tool_choice must be auto, none, required or a function", "tool_choice")
-        return chat.ChatRequest((*system, *earlier, *self.messages()), tools=tools, tool_choice=choice,
+        conversation = (*earlier, *self.messages())
+        if (orphan := chat.unanswered_result(conversation)) is not None:  # OpenAI's own words
+            raise InvalidRequest(f"No tool call found for function call output with call_id {orphan[1]}.", "input")
+        return chat.ChatRequest((*system, *conversation), tools=tools, tool_choice=choice,
                                 sampling=chat.SamplingRequest(max_tokens=self.max_output_tokens,
                                                               temperature=self.temperature, top_p=self.top_p))
 
