@@ -15,6 +15,10 @@ class Metrics:
         r = self.registry
         self.requests = Counter("tether_gateway_requests", "Model calls received", ["api"], registry=r)
         self.errors = Counter("tether_gateway_errors", "Model calls that failed", ["api", "status"], registry=r)
+        self.refused = Counter("tether_gateway_refused_requests",
+                               "Requests a route answered with an error status, parse errors included (a model "
+                               "call refused before admission is recorded nowhere else)", ["route", "status"],
+                               registry=r)
         self.latency = Histogram("tether_gateway_call_seconds", "Call latency, held time included", ["api"],
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.publish_latency = Histogram("tether_gateway_kafka_publish_seconds", "Kafka acknowledgement wait",

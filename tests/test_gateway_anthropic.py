@@ -3,7 +3,9 @@
 Bodies here have the shape Claude Code 2.1.332 posts (captured against a local
 endpoint): `?beta=true`, an `anthropic-beta` header, `thinking`,
 `context_management`, `output_config`, `metadata`, a system prompt as blocks
-with `cache_control`, a system turn inside `messages`, and a deferred tool.
+with `cache_control`, a system turn inside `messages` with its own
+`output_config` (refusing that field made the CLI resend its first call
+without it, a call the record never saw), and a deferred tool.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from schemas.settings import BusSettings
 from tests.conftest import FINAL_REPLY, RunningGateway
 from tests.test_gateway_agents import ANTHROPIC_LOOKUP, assert_extends, calls_of
+from tests.test_gateway_hardening import refused_requests
 from tests.test_gateway_openai import new_rollout
 
 HEADERS = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"}
@@ -32,7 +35,8 @@ def claude_code_body(**overrides: Any) -> dict[str, Any]:
             {"role": "user", "content": [{"type": "text", "text": "<system-reminder>Be brief.</system-reminder>"},
                                          {"type": "text", "text": "What is x?"}]},
             {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /work",
-                                            "cache_control": {"type": "ephemeral"}}]},
+                                            "cache_control": {"type": "ephemeral"}}],
+             "output_config": {"effort": "medium"}},
         ],
         "tools": [ANTHROPIC_LOOKUP, {"name": "Later", "description": "found by tool search", "defer_loading": True,
                                      "input_schema": {"type": "object"}}],
@@ -89,11 +93,80 @@ def test_a_streamed_loop_with_thinking_and_failed_tool_results_reuses_the_models
     assert json.loads(calls[1].request_json) == body  # options and blocks are on the record as sent
 
 
+def counted(gw: RunningGateway, token: str, body: dict[str, Any]) -> httpx.Response:
+    return post(gw, token, "/v1/messages/count_tokens",
+                {k: v for k, v in body.items() if k not in ("max_tokens", "stream", "metadata")})
+
+
+def test_claude_code_s_first_call_is_answered_and_recorded_as_sent(scripted_gateway: RunningGateway,
+                                                                  bus: BusSettings) -> None:
+    """Its system turn's `output_config` was a 400, so the CLI resent the call without it: the first call of
+    every rollout was refused and not recorded, and the next was not what the CLI sends in production."""
+    rollout_id, token = new_rollout(scripted_gateway)
+    refused_before = refused_requests(scripted_gateway)
+    body = claude_code_body()
+    answer = post(scripted_gateway, token, "/v1/messages", body)
+    assert answer.status_code == 200, answer.text
+    assert counted(scripted_gateway, token, body).status_code == 200
+    (call,) = calls_of(bus, rollout_id, 1)
+    assert json.loads(call.request_json) == body  # the system turn's options on the record as sent
+    assert refused_requests(scripted_gateway) == refused_before
+
+
+def test_a_system_turn_s_options_are_honoured_as_anthropic_documents_them(scripted_gateway: RunningGateway) -> None:
+    """Effort means nothing to a local model (the prompt is the same); a turn of options alone adds nothing; a
+    `clear_at: next_user_message` turn is shown until a user turn follows it."""
+    _, token = new_rollout(scripted_gateway)
+    user, system = claude_code_body()["messages"]
+    plain = {k: v for k, v in system.items() if k != "output_config"}
+
+    def tokens(*messages: dict[str, Any]) -> int:
+        r = counted(scripted_gateway, token, claude_code_body(messages=list(messages)))
+        assert r.status_code == 200, r.text
+        return int(r.json()["input_tokens"])
+
+    assert tokens(user, system) == tokens(user, plain) == tokens(user, {**system, "output_config": {}})
+    assert tokens(user, {"role": "system", "output_config": {"effort": "high"}}) == tokens(user)
+    once = {**plain, "clear_at": "next_user_message"}
+    answer = {"role": "assistant", "content": "Yes."}
+    assert tokens(user, once) == tokens(user, plain)
+    assert tokens(user, once, answer, user) == tokens(user, answer, user) < tokens(user, plain, answer, user)
+    assert tokens(user, {**plain, "clear_at": "never"}, answer, user) == tokens(user, plain, answer, user)
+    nothing = claude_code_body(system=None, messages=[{"role": "system", "output_config": {"effort": "low"}}])
+    for r in (post(scripted_gateway, token, "/v1/messages", nothing), counted(scripted_gateway, token, nothing)):
+        assert r.status_code == 400 and "nothing to answer" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(("turn", "error"), [
+    ({"role": "user", "content": "x", "output_config": {"effort": "low"}},
+     'messages.1.output_config: only permitted on role "system" messages'),
+    ({"role": "assistant", "content": "x", "clear_at": "never"},
+     'messages.1.clear_at: only permitted on role "system" messages'),
+    ({"role": "system", "content": "x", "output_config": {"format": {"type": "json_schema"}}},
+     "messages.1.output_config.format: Unrecognized request argument supplied"),  # top-level only
+    ({"role": "system", "content": "x", "output_config": {"effort": "extreme"}}, "messages.1.output_config.effort: "),
+    ({"role": "system", "output_config": {}}, "messages.1: a system message needs content or output_config fields"),
+    ({"role": "user"}, "messages.1.content: Field required"),
+    ({"role": "system", "content": "x", "cache_control": {"type": "ephemeral"}},
+     "messages.1.cache_control: Unrecognized request argument supplied"),
+])
+def test_a_turn_s_fields_anthropic_refuses_are_refused(scripted_gateway: RunningGateway, turn: dict[str, Any],
+                                                      error: str) -> None:
+    _, token = new_rollout(scripted_gateway)
+    body = claude_code_body(messages=[claude_code_body()["messages"][0], turn])
+    for r in (post(scripted_gateway, token, "/v1/messages", body), counted(scripted_gateway, token, body)):
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"].startswith(error), r.text
+
+
 @pytest.mark.parametrize(("change", "words"), [
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "built-in"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]}]}, "image"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "document"),
+    ({"messages": [{"role": "user", "content": "x?"}, {"role": "user", "content": [  # a call never made: forged
+        {"type": "tool_result", "tool_use_id": "toolu_forged", "content": "42"}]}]},
+     "unexpected `tool_use_id` found in `tool_result` blocks: toolu_forged."),
     ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "MCP"),
     ({"contex_management": {}}, "contex_management"),
 ])

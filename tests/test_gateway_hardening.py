@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from gateway import serve as serve_module
@@ -136,6 +136,49 @@ def test_a_long_streamed_prompt_is_answered(scripted_gateway: RunningGateway) ->
     streamed = post(scripted_gateway, "/v1/chat/completions", {**body, "stream": True})
     assert streamed.status_code == 200 and '"error"' not in streamed.text, streamed.text[-300:]
 
+# -- the gateway's own record of what it refused ------------------------------------------
+
+REFUSED = "tether_gateway_refused_requests"
+
+
+def refused_requests(gw: RunningGateway) -> dict[tuple[str, str], float]:
+    """The requests the gateway answered with an error, by (route, status), from its own /metrics. Fails if it
+    counts none at all: then a request refused while parsing would leave no trace but the answer."""
+    text = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert REFUSED in families, "the gateway serves no count of the requests it refused"
+    return {(s.labels["route"], s.labels["status"]): s.value for s in families[REFUSED].samples
+            if s.name == f"{REFUSED}_total"}
+
+
+def test_every_refused_request_is_counted_by_route_and_status_and_logged_without_its_key(
+        scripted_gateway: RunningGateway) -> None:
+    """Refused before the service runs, such a request is in no record of calls: the count and the log line are
+    its trace, on every route (harness APIs at the root and bound by path, admin)."""
+    rollout_id, token = new_rollout(scripted_gateway)
+    _, other = new_rollout(scripted_gateway)
+    chat = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    url, wrong_key = scripted_gateway.url, {"authorization": f"Bearer {other}"}
+    before = refused_requests(scripted_gateway)
+    answers = {
+        ("/v1/messages", "400"): httpx.post(f"{url}/v1/messages", json={**chat, "bogus_option": 1},
+                                            headers={"x-api-key": token}),
+        ("/v1/chat/completions", "401"): httpx.post(f"{url}/v1/chat/completions", json=chat),
+        ("/rollouts/{rollout_id}/v1/chat/completions", "403"): httpx.post(
+            f"{url}/rollouts/{rollout_id}/v1/chat/completions", json=chat, headers=wrong_key),
+        ("/admin/rollouts", "401"): httpx.post(f"{url}/admin/rollouts", json={"rollout_id": "x", "run_id": "y"}),
+    }
+    assert {key: r.status_code for key, r in answers.items()} == {key: int(key[1]) for key in answers}
+    after = refused_requests(scripted_gateway)
+    assert {key: after.get(key, 0) - before.get(key, 0) for key in answers} == dict.fromkeys(answers, 1)
+    assert httpx.post(f"{url}/v1/messages", json=chat, headers={"x-api-key": token}).status_code == 200
+    assert refused_requests(scripted_gateway) == after  # an answered call is not counted
+    log = scripted_gateway.log.read_text(errors="replace")
+    assert "refused POST /v1/messages: 400 bogus_option: Unrecognized request argument supplied" in log
+    assert f"refused POST /rollouts/{rollout_id}/v1/chat/completions: 403 " in log
+    assert token not in log and other not in log
+
+
 # -- development keys stay on this machine ----------------------------------------------
 
 SECRET, ADMIN_KEY = "a-real-secret-1", "a-real-admin-key-1"
@@ -188,7 +231,7 @@ def test_serve_listens_where_it_may(clean_env: pytest.MonkeyPatch, tmp_path: Pat
     (tmp_path / "tokenizer.json").write_text("{}")
     listened: list[str] = []
     clean_env.setattr(serve_module, "create_app", lambda settings: settings)
-    clean_env.setattr(uvicorn, "run", lambda app, host, **_: listened.append(host))
+    clean_env.setattr(serve_module, "serve_app", lambda app, host, **_: listened.append(host))  # what serve calls
     result = CliRunner().invoke(cli.app, ["gateway", "serve", "--host", host, "--tokenizer", str(tmp_path)], env=env)
     assert result.exit_code == 0, result.output
     assert listened == [host]

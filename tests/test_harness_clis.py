@@ -6,7 +6,9 @@ the task's file, then a final message. Each CLI runs the tool, sends the result
 back on its next call and ends; the reward command finds the file. Then the
 record: every call with token ids, each prompt extending the one before (the
 model's own turns reused exactly), the task group formed by the processors,
-and a replay of the topics equal to it.
+and a replay of the topics equal to it. In both tests the gateway refused no
+request of the run (its own count on /metrics): a CLI resends a refused call
+without the field at fault and still succeeds, so only that count shows it.
 
 Then each CLI once more on the embedded engine with the tiny model at a 32k
 context: its whole prompt (20-30 thousand tokens) goes through prefill and
@@ -42,10 +44,11 @@ from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import content_hash
 from stream_processors.replay import replay
-from tests.conftest import RunningEngine, gateway, scripted, serve_engine
+from tests.conftest import RunningEngine, RunningGateway, gateway, scripted, serve_engine
 from tests.fakes.vllm import tool_call
 from tests.test_controller_examples import controller_settings
 from tests.test_gateway_agents import assert_extends
+from tests.test_gateway_hardening import refused_requests
 from tests.test_gateway_openai import recorded
 from tests.test_processors import processor
 
@@ -89,6 +92,7 @@ async def test_the_cli_runs_a_tool_and_its_episode_is_recorded_grouped_and_repla
     config = load_config(tmp_path / "run.yaml").model_copy(update={"run_id": cli_run})
     with scripted(bus, tiny_model, tmp_path, cli.replies, cli_run) as gw:
         view = await run(config, controller_settings(bus, gw))
+        assert_none_refused(gw)
 
     mine = {rid: state for rid, state in view.rollouts.items() if state.started.task_id == task["id"]}
     assert len(mine) == config.group_size == 2  # the view is the run's: the other CLI's rollouts are there too
@@ -138,6 +142,7 @@ async def test_the_cli_s_whole_prompt_goes_through_the_tiny_model_and_is_recorde
     config = config.model_copy(update={"run_id": cli_run, "group_size": 1, "harness": harness})
     with gateway(bus, engine, model, tmp_path / "gateway.log", cli_run) as gw:
         view = await run(config, controller_settings(bus, gw))
+        assert_none_refused(gw)
 
     [(rid, state)] = [(rid, s) for rid, s in view.rollouts.items() if s.started.task_id == task["id"]]
     log = (config.run_dir / f"{rid}.log").read_text(errors="replace")
@@ -153,6 +158,14 @@ async def test_the_cli_s_whole_prompt_goes_through_the_tiny_model_and_is_recorde
     else:
         assert (state.finished.status, state.finished.reward) == ("succeeded", 0.0), log[-3000:]
         assert [(r.rollout_id, r.reward) for r in group.rollouts] == [(rid, 0.0)]
+
+
+def assert_none_refused(gw: RunningGateway) -> None:
+    """No request of the run got an error, by the gateway's own count: a CLI that retries a refused call without
+    the field at fault still ends well, but its first call went unrecorded and it acted unlike in production."""
+    refused = refused_requests(gw)
+    lines = [line for line in gw.log.read_text(errors="replace").splitlines() if "refused " in line]
+    assert not refused, (refused, lines[-10:])
 
 
 async def group_of(bus: BusSettings, run_id: str, task_id: str, timeout_s: float = 120) -> TaskGroup:

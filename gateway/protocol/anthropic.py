@@ -6,7 +6,8 @@ import json
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gateway import chat
 from gateway.errors import InvalidRequest
@@ -39,10 +40,73 @@ class Block(BaseModel):
 THINKING = ("thinking", "redacted_thinking")
 
 
-class MessageParam(BaseModel):
+#: Anthropic's effort levels: how hard Claude should think, which a local model has no knob for.
+Effort = Literal["low", "medium", "high", "xhigh", "max"]
+
+
+class SystemOutputConfig(BaseModel):
+    """A system turn's own output options (Claude Code sends `{"effort": ...}` on its environment turn).
+
+    Accepted and recorded; a local model ignores effort. `format` stays top-level only, as Anthropic's API has it."""
+
     model_config = ConfigDict(extra="forbid")
-    role: Literal["user", "assistant", "system"]  # Claude Code sends system turns mid-conversation
-    content: str | list[Block]
+    effort: Effort | None = None
+
+
+def _schema_by_role(schema: dict[str, Any]) -> None:
+    """A turn's JSON schema as its shapes by role, which the validators check: content and nothing else on user
+    and assistant turns; a system turn's options, with content or alone (the Anthropic SDK's three message types)."""
+    fields = schema.pop("properties")
+    content, config, clear_at = _given(fields["content"]), fields["output_config"], fields["clear_at"]
+
+    def shape(role: dict[str, Any], required: list[str], **properties: Any) -> dict[str, Any]:
+        return {"type": "object", "additionalProperties": False, "required": ["role", *required],
+                "properties": {"role": {"type": "string", **role}, **properties}}
+
+    schema.pop("required", None)
+    schema.pop("type", None)
+    system = {"const": "system"}
+    schema["anyOf"] = [shape({"enum": ["user", "assistant"]}, ["content"], content=content),
+                       shape(system, ["content"], content=content, output_config=config, clear_at=clear_at),
+                       shape(system, ["output_config"], output_config=_given(config), clear_at=clear_at)]
+
+
+def _given(field: dict[str, Any]) -> dict[str, Any]:
+    """A field's schema without its null and default: for a shape in which it must be given."""
+    kept = {k: v for k, v in field.items() if k != "default"}
+    return {**kept, "anyOf": [b for b in field["anyOf"] if b.get("type") != "null"]}
+
+
+class MessageParam(BaseModel):
+    """One turn. A system turn (Claude Code sends them mid-conversation) may carry output options, may be shown
+    only until the next user turn (`clear_at`), and may be options alone, without content."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_schema_by_role)
+    role: Literal["user", "assistant", "system"]
+    content: str | list[Block] | None = Field(None, validate_default=True)
+    output_config: SystemOutputConfig | None = None
+    clear_at: Literal["next_user_message", "never"] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, content: str | list[Block] | None, info: ValidationInfo) -> str | list[Block] | None:
+        """Only a system turn may leave content out (it then carries options), as Anthropic's API allows."""
+        if content is None and info.data.get("role", "system") != "system":
+            raise PydanticCustomError("missing", "Field required")
+        return content
+
+    @field_validator("output_config", "clear_at")
+    @classmethod
+    def _system_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.data.get("role", "system") != "system":
+            raise PydanticCustomError("system_only", 'only permitted on role "system" messages')
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> MessageParam:
+        if self.content is None and not (self.output_config and self.output_config.model_fields_set):
+            raise PydanticCustomError("empty_message", "a system message needs content or output_config fields")
+        return self
 
 
 class Tool(BaseModel):
@@ -96,8 +160,18 @@ class Conversation(BaseModel):
         messages: list[chat.Message] = []
         if self.system:
             messages.append(chat.Message("system", _text(self.system, "system")))
-        for m in self.messages:
+        last_user = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=-1)
+        for i, m in enumerate(self.messages):
+            if m.clear_at == "next_user_message" and i < last_user:
+                continue  # shown only until a user turn follows it; it stays in the request and the record
             messages += _turn(m)
+        if not messages:
+            raise InvalidRequest("messages: no turn has content and there is no system prompt: nothing to answer",
+                                 "messages")
+        if (orphan := chat.unanswered_result(messages)) is not None:  # Anthropic's words, as its API refuses it
+            raise InvalidRequest(f"messages: unexpected `tool_use_id` found in `tool_result` blocks: {orphan[1]}. "
+                                 "Each `tool_result` block must have a corresponding `tool_use` block in an earlier "
+                                 "assistant message.", "messages")
         tools = tuple(t.to_function() for t in self.tools or [] if not t.defer_loading)
         choice = {"none": "none", "any": "required", "tool": "required"}.get(
             self.tool_choice.type if self.tool_choice else "auto", "auto")
@@ -134,6 +208,8 @@ def _text(content: str | list[Block], field: str) -> str:
 
 def _turn(m: MessageParam) -> list[chat.Message]:
     """One Anthropic turn as chat messages: tool results become tool messages, as OpenAI's shape has them."""
+    if m.content is None:  # a system turn of options alone: nothing for the model to read
+        return []
     if m.role == "system":
         return [chat.Message("system", _text(m.content, "messages"))]
     blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) else m.content
