@@ -1,5 +1,5 @@
-"""`tether up` under load: a gateway replica lost behind HAProxy, or the single gateway killed and restarted by
-its supervisor, fails no harness that uses its SDK's default retries."""
+"""`tether up` under load: a gateway replica lost behind HAProxy, or the single gateway or the engine killed and
+restarted by its supervisor, fails no harness that uses its SDK's default retries."""
 
 from __future__ import annotations
 
@@ -124,3 +124,20 @@ def test_the_single_gateway_killed_under_load_fails_no_harness(broker: KafkaBrok
     log = (stack.logs / "gateway.log").read_text()
     assert f"server (pid {killed[0]}) exited with signal SIGKILL" in log and "restart 1 " in log, log[-3000:]
     assert "restored rollout" in log  # the new process read the live rollouts back from the log
+
+
+def test_the_engine_killed_under_load_fails_no_harness(broker: KafkaBroker, bus: BusSettings, tiny_model: Path,
+                                                       tmp_path: Path) -> None:
+    """The engine's server SIGKILLed: its supervisor starts it again on the port it holds, and the gateway's
+    requests (retried on the cut ones) wait in its backlog meanwhile; no call fails, no harness sees it."""
+    killed: list[int] = []
+
+    def kill_the_engine(stack: Stack) -> None:
+        victim = stack.server_pid("engine")
+        assert victim is not None and victim != stack.pid("engine")
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+
+    stack = kill_under_load(broker, bus, stack_settings(tmp_path, tiny_model, 1), kill_the_engine)
+    log = (stack.logs / "engine.log").read_text()
+    assert f"server (pid {killed[0]}) exited with signal SIGKILL" in log and log.count("ready in") == 2, log[-3000:]
