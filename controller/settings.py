@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
 from schemas.settings import BusSettings
 
 
@@ -13,8 +14,8 @@ class ControllerSettings(BaseSettings):
 
     gateway_url: str = Field("http://127.0.0.1:8000", description="Admin API (register, seal).")
     harness_gateway_url: str | None = Field(None, description="How harnesses reach the gateway; default gateway_url.")
-    gateway_admin_key: str = Field("tether-dev-admin", min_length=8)
-    gateway_secret: str = Field("tether-dev-secret", min_length=8, description="Mints rollout tokens.")
+    gateway_admin_key: str = Field(DEVELOPMENT_ADMIN_KEY, min_length=8)
+    gateway_secret: str = Field(DEVELOPMENT_SECRET, min_length=8, description="Mints rollout tokens.")
     bus: BusSettings = Field(default_factory=BusSettings)
 
     @property

@@ -19,11 +19,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
 from schemas.settings import BusSettings
-
-#: Built-in so that tests and `tether up` on one machine need no set-up; anyone can read them here.
-DEVELOPMENT_SECRET = "tether-dev-secret"
-DEVELOPMENT_ADMIN_KEY = "tether-dev-admin"
 
 
 class DevelopmentKeysExposed(ValueError):

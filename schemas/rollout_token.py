@@ -18,6 +18,12 @@ from dataclasses import dataclass
 PREFIX = "tr2"
 _V1 = "tr1"
 
+#: Built-in so that tests and `tether up` on one machine need no set-up; anyone can read them here. The gateway
+#: refuses to listen beyond loopback while either is in use (`GatewaySettings.check_exposure`). Kept here, where
+#: the gateway (which verifies tokens and guards /admin) and the controller (which mints them) already meet.
+DEVELOPMENT_SECRET = "tether-dev-secret"
+DEVELOPMENT_ADMIN_KEY = "tether-dev-admin"
+
 
 @dataclass(frozen=True, slots=True)
 class Claims:
