@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError
 
 from schemas.access import authorization_error, refusal
 from schemas.deadletters import Rejection, accept
-from schemas.errors import DeliveryError
+from schemas.errors import BusError, DeliveryError, ReadError
 from schemas.events import Event
 from schemas.lifecycle import Lifecycle
 from schemas.producer import Delivery
@@ -136,8 +136,20 @@ class EventConsumer(Lifecycle):
         """Offset of the next record this consumer will read from `partition`."""
         return int(await self._consumer.position(partition))
 
+    def _fetch_error(self, exc: KafkaError) -> BusError:
+        """aiokafka's error as ours, translated here once: readers catch BusError, never aiokafka's errors."""
+        denied = authorization_error(exc, self._settings, self._name, "read")
+        return denied or ReadError(f"{self._name}: fetching from Kafka failed: {exc!r}")
+
     async def __aiter__(self) -> AsyncIterator[Received]:
-        async for record in self._consumer:
+        records = aiter(self._consumer)
+        while True:
+            try:
+                record = await anext(records)
+            except StopAsyncIteration:
+                return
+            except KafkaError as exc:  # authorization or an offset out of range, which aiokafka raises here
+                raise self._fetch_error(exc) from exc
             try:
                 received = await self._accept(record)
             except BaseException:
@@ -154,10 +166,7 @@ class EventConsumer(Lifecycle):
             try:
                 fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
             except KafkaError as exc:
-                denied = authorization_error(exc, self._settings, self._name, "read")
-                if denied is None:
-                    raise
-                raise denied from exc
+                raise self._fetch_error(exc) from exc
             batch: list[Received] = []
             try:
                 for records in fetched.values():

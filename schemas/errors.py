@@ -9,6 +9,7 @@
     │   └── CorruptRecord   the body does not match its writer schema, or decodes to an invalid event
     ├── SchemaError         the schema folder and the event classes disagree (a programming error)
     ├── DeliveryError       Kafka did not acknowledge an event in time: never report it as stored
+    ├── ReadError           a fetch from Kafka failed (aiokafka's own errors stop at this boundary)
     ├── TopicSetupError     topics could not be created, or exist with another shape
     └── AccessDenied        Kafka refused this client; the message names the client, its principal and what
         │                   was refused (schemas.access)
@@ -28,6 +29,10 @@ class InvalidEvent(BusError, ValueError):
 
 class EncodeError(BusError):
     """An event could not be encoded."""
+
+
+class ReadError(BusError):
+    """Kafka failed a fetch for a reason other than a refusal (AccessDenied); reading again may succeed."""
 
 
 class DecodeError(BusError):

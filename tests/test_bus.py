@@ -6,12 +6,13 @@ import asyncio
 from dataclasses import replace
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import murmur2
 
 from schemas import topics
 from schemas.admin import ensure_topics
 from schemas.consumer import EventConsumer, Received
-from schemas.errors import TopicSetupError
+from schemas.errors import ReadError, TopicSetupError
 from schemas.events import DeadLetter, Event, ModelCall, RolloutSample, Segment, TaskGroup
 from schemas.producer import EventProducer
 from schemas.serde import encode
@@ -105,3 +106,22 @@ async def test_a_large_task_group_travels_whole(bus: BusSettings, producer: Even
                 if isinstance(received.event, TaskGroup) and received.event.run_id == run_id:
                     assert received.event == group
                     return
+
+
+@pytest.mark.parametrize("how", ["batches", "iteration"])
+async def test_a_failed_fetch_is_the_bus_s_own_error_not_aiokafka_s(bus: BusSettings, how: str) -> None:
+    """Readers catch BusError (the gateway answers 503 on it, the view retries); aiokafka's errors stop here."""
+    async def gone(*_: object, **__: object) -> object:
+        raise KafkaConnectionError("the broker went away")
+
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
+        consumer._consumer.getmany = gone
+        consumer._consumer.getone = gone
+        with pytest.raises(ReadError, match="fetching from Kafka failed") as raised:
+            if how == "batches":
+                async for _ in consumer.batches(timeout_ms=100):
+                    pass
+            else:
+                async for _ in consumer:
+                    pass
+        assert isinstance(raised.value.__cause__, KafkaConnectionError)

@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from aiokafka.errors import KafkaError
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
@@ -67,7 +66,7 @@ async def keep_projecting(store: ViewStore, bus: BusSettings, settings: ViewSett
         except AccessDenied as exc:
             log.error("reading the topics: %s", exc)
             return
-        except (BusError, KafkaError, AnalyticsError, OSError) as exc:
+        except (BusError, AnalyticsError, OSError) as exc:
             log.warning("reading the topics failed (%s); trying again in %.0f s", exc, retry_s)
             await asyncio.sleep(retry_s)
 
