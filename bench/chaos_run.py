@@ -82,7 +82,7 @@ class Run:
         env = {**os.environ, **first.env, "TETHER_PROCESSOR_DATA_DIR": str((self.settings.run_dir /
                                                                             "processor-2").resolve()),
                "TETHER_PROCESSOR_CLICKHOUSE_DSN": ""}
-        self.second_worker = spawn(first.argv, self.stack.logs / "processors-2.log", env=env)
+        self.second_worker = spawn(first.command, self.stack.logs / "processors-2.log", env=env)
 
     def start_controller(self) -> None:
         s = self.settings

@@ -91,6 +91,14 @@ def stack_settings(tmp_path: Path, tiny_model: Path, replicas: int) -> StackSett
                          gateway_port=free_port_block(replicas + 1), gateway_replicas=replicas, with_trainer=False)
 
 
+def kill_server(stack: Stack, service: str) -> int:
+    """SIGKILL the server a supervised service runs now (not its supervisor); its pid."""
+    victim = stack.server_pid(service)
+    assert victim is not None and victim != stack.pid(service)
+    os.kill(victim, signal.SIGKILL)
+    return victim
+
+
 def test_a_replica_killed_under_load_fails_no_rollout(broker: KafkaBroker, bus: BusSettings, tiny_model: Path,
                                                       tmp_path: Path) -> None:
     """The replica's supervisor and server both SIGKILLed (a lost node): HAProxy sends its rollouts elsewhere."""
@@ -115,10 +123,7 @@ def test_the_single_gateway_killed_under_load_fails_no_harness(broker: KafkaBrok
                                                           "COLUMNS": "300"})
         assert f"stack of run {stack.settings.run_id}" in status.output  # the run that runs, from any shell
         assert str(stack.pid("gateway")) in status.output, status.output
-        victim = stack.server_pid("gateway")
-        assert victim is not None and victim != stack.pid("gateway")
-        os.kill(victim, signal.SIGKILL)
-        killed.append(victim)
+        killed.append(kill_server(stack, "gateway"))
 
     stack = kill_under_load(broker, bus, stack_settings(tmp_path, tiny_model, 1), kill_the_server)
     log = (stack.logs / "gateway.log").read_text()
@@ -131,13 +136,7 @@ def test_the_engine_killed_under_load_fails_no_harness(broker: KafkaBroker, bus:
     """The engine's server SIGKILLed: its supervisor starts it again on the port it holds, and the gateway's
     requests (retried on the cut ones) wait in its backlog meanwhile; no call fails, no harness sees it."""
     killed: list[int] = []
-
-    def kill_the_engine(stack: Stack) -> None:
-        victim = stack.server_pid("engine")
-        assert victim is not None and victim != stack.pid("engine")
-        os.kill(victim, signal.SIGKILL)
-        killed.append(victim)
-
-    stack = kill_under_load(broker, bus, stack_settings(tmp_path, tiny_model, 1), kill_the_engine)
+    stack = kill_under_load(broker, bus, stack_settings(tmp_path, tiny_model, 1),
+                            lambda stack: killed.append(kill_server(stack, "engine")))
     log = (stack.logs / "engine.log").read_text()
     assert f"server (pid {killed[0]}) exited with signal SIGKILL" in log and log.count("ready in") == 2, log[-3000:]

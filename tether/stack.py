@@ -13,9 +13,10 @@ instead of being refused. Their PID file names the supervisor.
 
 One stack runs per home folder. `up` records which (its run id, ports and
 replicas, in `stack/stack.json`), so that `status` and `down` act on the stack
-that runs, whatever the environment of the shell that asks says. `up` starts what is not running
-and waits for each part to be healthy before the next, naming the part that
-failed; `down` stops them in reverse order and leaves nothing running.
+that runs, whatever the environment of the shell that asks says. `up` starts
+what is not running and waits for each part to be healthy before the next,
+naming the part that failed; `down` stops them in reverse order and leaves
+nothing running.
 """
 
 from __future__ import annotations
@@ -85,15 +86,15 @@ class Service:
     argv: list[str]
     env: dict[str, str]
     health: Callable[[], bool]
+    #: a server on this loopback port runs under the supervisor that keeps the port listening across restarts
+    supervised_port: int | None = None
 
     @property
-    def supervised(self) -> bool:
-        return self.argv[1:3] == ["-m", "infra.supervisor"]
-
-
-def _supervised(port: int, argv: list[str]) -> list[str]:
-    """`argv` (a server on loopback `port`) under the supervisor that keeps the port listening across restarts."""
-    return [sys.executable, "-m", "infra.supervisor", "--port", str(port), "--", *argv]
+    def command(self) -> list[str]:
+        """What the stack starts: `argv`, or the supervisor running it."""
+        if self.supervised_port is None:
+            return self.argv
+        return [sys.executable, "-m", "infra.supervisor", "--port", str(self.supervised_port), "--", *self.argv]
 
 
 def _http_ok(url: str) -> Callable[[], bool]:
@@ -117,9 +118,8 @@ class Stack:
         tether = [sys.executable, "-m", "tether.cli"]
         trainer_yaml = s.run_dir / "trainer.yaml"
         parts = [
-            Service("engine", _supervised(s.engine_port, [*tether, "engine", "serve", "--model", str(s.model),
-                                                          "--port", str(s.engine_port)]),
-                    {}, _http_ok(f"{s.engine_url}/health")),
+            Service("engine", [*tether, "engine", "serve", "--model", str(s.model), "--port", str(s.engine_port)],
+                    {}, _http_ok(f"{s.engine_url}/health"), supervised_port=s.engine_port),
             *self._gateways(tether, bus("gateway")),
             Service("processors", [*tether, "processors", "run", "--run", s.run_id],
                     {**bus("processors"), "TETHER_PROCESSOR_APP_ID": f"tether-processor-{s.run_id}",
@@ -138,13 +138,12 @@ class Stack:
         s = self.settings
         replicas = [("gateway", s.gateway_port)] if s.gateway_replicas == 1 else \
             [(f"gateway-{i}", s.gateway_port + i) for i in range(1, s.gateway_replicas + 1)]
-        parts = [Service(name, _supervised(port, [*tether, "gateway", "serve", "--engine", s.engine_url,
-                                                  "--tokenizer", str(s.model), "--port", str(port),
-                                                  "--run-id", s.run_id]),
+        parts = [Service(name, [*tether, "gateway", "serve", "--engine", s.engine_url, "--tokenizer", str(s.model),
+                                "--port", str(port), "--run-id", s.run_id],
                          {**bus, "TETHER_GATEWAY_SECRET": s.secret, "TETHER_GATEWAY_ADMIN_KEY": s.admin_key,
                           "TETHER_GATEWAY_GATEWAY_ID": f"{s.run_id}-{name}",
                           "TETHER_GATEWAY_PUBLIC_URL": s.gateway_url},
-                         _http_ok(f"http://127.0.0.1:{port}/health"))
+                         _http_ok(f"http://127.0.0.1:{port}/health"), supervised_port=port)
                  for name, port in replicas]
         if s.gateway_replicas > 1:
             parts.append(Service("gateway-lb", [haproxy(), "-db", "-f", str(self._lb_config)], {},
@@ -190,7 +189,7 @@ class Stack:
         pid = self.pid(name)
         if pid is None:
             return None
-        if not next(s for s in self.services() if s.name == name).supervised:
+        if next(s for s in self.services() if s.name == name).supervised_port is None:
             return pid
         servers = [child for child in children_of(pid) if alive(child)]
         return servers[0] if servers else None  # between two of its lives
@@ -233,7 +232,7 @@ class Stack:
 
     def _start(self, service: Service) -> None:
         log = self.logs / f"{service.name}.log"
-        process = spawn(service.argv, log, env={**os.environ, **service.env})
+        process = spawn(service.command, log, env={**os.environ, **service.env})
         write_pid_file(self._pid_file(service.name), process.pid)
         deadline = time.monotonic() + self.settings.start_timeout_s
         settle = time.monotonic() + 3.0  # a service without a health endpoint must at least stay up this long
