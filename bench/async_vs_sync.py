@@ -36,8 +36,8 @@ from rich.table import Table
 from infra.kafka.launcher import KafkaBroker
 from infra.processes import free_port
 from tether.stack import Stack, StackSettings
+from tether.tiny_model import init_tiny
 from trainer import checkpoint
-from trainer.tiny_model import init_tiny
 
 from _shared import arguments, pyplot, save, scratch_broker
 

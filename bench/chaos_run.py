@@ -33,7 +33,7 @@ from schemas.admin import admin_client
 from schemas.events import Event, RolloutStarted, TaskGroup, WeightVersionPublished
 from schemas.settings import BusSettings
 from tether.stack import Stack, StackSettings
-from trainer.tiny_model import init_tiny
+from tether.tiny_model import init_tiny
 
 HARNESS = Path(__file__).parent / "chaos_harness.py"
 FAULTS = ("broker", "gateway-replica", "gateway-restart", "processors", "trainer", "controller")

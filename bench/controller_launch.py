@@ -76,7 +76,7 @@ def main() -> None:
     processes: list[subprocess.Popen[bytes]] = []
     try:
         with console.status("starting Kafka, FakeVLLM and the gateway..."):
-            from trainer.tiny_model import init_tiny
+            from tether.tiny_model import init_tiny
 
             tiny = init_tiny(scratch / "tiny")
             broker.start()

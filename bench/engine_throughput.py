@@ -64,7 +64,7 @@ def main() -> None:
 
     model, scratch = args.model, None
     if model is None:
-        from trainer.tiny_model import init_tiny
+        from tether.tiny_model import init_tiny
 
         scratch = Path(tempfile.mkdtemp(prefix="tether-tiny-"))
         with console.status("building the tiny model..."):

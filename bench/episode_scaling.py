@@ -280,7 +280,7 @@ def main() -> None:
     args = parser.parse_args()
     if 1100 + max(args.lengths) * (args.step_tokens * 1.1 + 40) > 32768:  # text re-encodes a little longer
         parser.error("the longest episode would not fit a 32k context: fewer --lengths or --step-tokens")
-    from trainer.tiny_model import init_tiny
+    from tether.tiny_model import init_tiny
 
     with kafka_and_processors("tether-episode-bench-", sink=args.sink) as (scratch, bus, processor):
         model = init_tiny(scratch / "tiny", context=32768)

@@ -141,7 +141,7 @@ def main() -> None:
         with console.status("starting Kafka, FakeVLLM and the gateway..."):
             tokenizer = args.tokenizer
             if tokenizer is None:
-                from trainer.tiny_model import init_tiny
+                from tether.tiny_model import init_tiny
 
                 tokenizer = init_tiny(scratch / "tiny")
             broker.start()

@@ -114,7 +114,7 @@ def main() -> None:
     summary: dict[str, dict[str, float]] = {}
     try:
         with console.status("starting Kafka and building the tiny model..."):
-            from trainer.tiny_model import init_tiny
+            from tether.tiny_model import init_tiny
 
             model = init_tiny(scratch / "tiny", context=args.context)
             broker.start()

@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     if max(args.lengths) + 601 > args.context:
         parser.error("--lengths: the longest plus 600 tokens must fit --context")
-    from trainer.tiny_model import init_tiny
+    from tether.tiny_model import init_tiny
 
     scratch = Path(tempfile.mkdtemp(prefix="tether-long-prompts-"))
     try:

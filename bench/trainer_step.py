@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).parent.parent))  # the synthetic run gener
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
 from tests.factories import synthetic_run
+from tether.tiny_model import init_tiny
 from trainer.batch import build_batch
 from trainer.step import StepConfig, update
-from trainer.tiny_model import init_tiny
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))
 

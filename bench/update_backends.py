@@ -33,12 +33,12 @@ from schemas.events import TaskGroup
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
 from tests.factories import synthetic_run
+from tether.tiny_model import init_tiny
 from trainer.backend import UpdateBackend
 from trainer.config import TrainerConfig
 from trainer.learner import TorchLearner
-from trainer.tiny_model import init_tiny
-from trainer.verl_backend import VerlBackend
-from trainer.verl_workers import VerlWorkers
+from trainer.verl.backend import VerlBackend
+from trainer.verl.workers import VerlWorkers
 
 console = Console(width=max(120, shutil.get_terminal_size().columns))
 

@@ -1,1 +1,1 @@
-"""Stream processors: calls joined to rollouts, task groups to tether.samples, analytics to ClickHouse."""
+"""Stream processors: calls joined to rollouts, rollouts grouped by task, task groups to tether.samples."""

@@ -21,6 +21,8 @@ from typing import Any
 
 import faust
 
+from analytics.errors import AnalyticsError
+from analytics.sink import Sink, connect
 from schemas import topics
 from schemas.deadletters import Rejection, accept
 from schemas.errors import BusError
@@ -28,12 +30,10 @@ from schemas.events import Event, ModelCall, TaskGroup, rollout_of, run_of
 from schemas.serde import encode
 from schemas.topics import key_for
 from stream_processors.call_store import CachedCalls, read_back
-from stream_processors.errors import AnalyticsError
 from stream_processors.grouping import GroupState, Policy, build
 from stream_processors.join import CompleteRollout, RolloutJoin, call_of
 from stream_processors.pipeline import completed, group_step, rollout_step
 from stream_processors.settings import ProcessorSettings
-from stream_processors.sink import Sink, connect
 
 log = logging.getLogger("tether.processors")
 

@@ -1,7 +1,6 @@
 """Errors of the stream processors.
 
     ProcessorError
-    ├── AnalyticsError   ClickHouse refused a connection, a table, an insert or a query
     └── ReplayError      the topics cannot be read back for a replay
 """
 
@@ -9,10 +8,6 @@ from __future__ import annotations
 
 
 class ProcessorError(Exception):
-    pass
-
-
-class AnalyticsError(ProcessorError):
     pass
 
 

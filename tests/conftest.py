@@ -81,7 +81,7 @@ def run_id() -> str:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's own tiny model, built once per session with the same command users run."""
-    from trainer.tiny_model import init_tiny
+    from tether.tiny_model import init_tiny
 
     return init_tiny(tmp_path_factory.mktemp("models") / "tiny", seed=0)
 

@@ -19,6 +19,8 @@ import httpx
 import pytest
 import yaml
 
+from analytics.report import run_queries
+from analytics.sink import connect
 from controller.config import load_config
 from controller.main import run
 from controller.settings import ControllerSettings
@@ -27,11 +29,9 @@ from infra.processes import free_port
 from schemas.events import GatewayDrained, ModelCall, UpdateRequested, WeightVersionPublished
 from schemas.samples import unique_groups
 from schemas.settings import BusSettings
-from stream_processors.analytics import run_queries
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import content_hash
 from stream_processors.replay import replay
-from stream_processors.sink import connect
 from tests.test_trainer_loop import control_events
 from tether.stack import Stack, StackSettings
 from trainer import checkpoint

@@ -13,13 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from trainer.engine import attention
-from trainer.engine.engine import Engine, Request
-from trainer.engine.forward import decode_logits, supports_direct
-from trainer.engine.kv_batch import KVBatch, cache_tensors
-from trainer.engine.protocol import CompletionRequest
-from trainer.engine.sampling import SamplingParams, distribution, sample
-from trainer.engine.text import TextStream
+from engine import attention
+from engine.engine import Engine, Request
+from engine.forward import decode_logits, supports_direct
+from engine.kv_batch import KVBatch, cache_tensors
+from engine.protocol import CompletionRequest
+from engine.sampling import SamplingParams, distribution, sample
+from engine.text import TextStream
 
 logit_rows = st.lists(st.floats(-20, 20), min_size=2, max_size=40)
 

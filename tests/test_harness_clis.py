@@ -118,7 +118,7 @@ TRUNCATED = {"claude_code": "exceeded the 48 output token maximum",
 @pytest.fixture(scope="module")
 def long_context_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningEngine, Path]]:
     """The embedded engine on the tiny model at a 32k context; requests that set no limit (Codex's) get 48 tokens."""
-    from trainer.tiny_model import init_tiny
+    from tether.tiny_model import init_tiny
 
     folder = tmp_path_factory.mktemp("tiny-32k")
     model = init_tiny(folder / "model", seed=0, context=32768)

@@ -14,13 +14,13 @@ import pytest
 from pydantic_settings import BaseSettings
 
 from controller.settings import ControllerSettings
+from engine.settings import EngineSettings
 from gateway.settings import GatewaySettings
 from infra.k8s.options import CONFIG, ENGINE, ENGINE_PORT, GATEWAY, GATEWAY_LB, GATEWAY_REPLICAS, PORT
 from infra.kafka import acls
 from schemas.settings import BusSettings
 from stream_processors.settings import ProcessorSettings
 from tests.k8s_support import DOCS, OPT, WORKLOADS, find, pod_spec, resources
-from trainer.engine.settings import EngineSettings
 
 SETTINGS: dict[str, type[BaseSettings]] = {
     "TETHER_BUS_": BusSettings, "TETHER_GATEWAY_": GatewaySettings, "TETHER_CONTROLLER_": ControllerSettings,

@@ -12,13 +12,16 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = ("tether", "schemas", "gateway", "stream_processors", "controller", "trainer", "infra", "swe")
+# The packages pyproject.toml ships, read from it: the list is written once.
+PACKAGES = tuple(name.rstrip("*") for name in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"]["find"]["include"])
 FROZEN = Path(__file__).parent / "frozen"
 
 # Run by the fresh environment's interpreter: the installed `schemas` decodes every frozen record.

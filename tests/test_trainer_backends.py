@@ -25,8 +25,8 @@ from trainer.config import TrainerConfig
 from trainer.errors import UpdateFailed
 from trainer.learner import TorchLearner
 from trainer.metrics import UpdateMetrics, UpdateRecord
-from trainer.verl_backend import VerlBackend
-from trainer.verl_workers import VerlWorkers
+from trainer.verl.backend import VerlBackend
+from trainer.verl.workers import VerlWorkers
 
 PROMPT, GOOD, BAD = [5, 17, 99, 42], [300, 301, 302], [700, 701, 702]
 

@@ -16,8 +16,8 @@ from schemas.events import RolloutSample, Segment, TaskGroup
 from tests.factories import T0
 from trainer.config import TrainerConfig, load_config
 from trainer.errors import ConfigError
-from trainer.verl_backend import _scale_mini_batches, to_verl
-from trainer.verl_workers import MICRO_BATCH, actor_config
+from trainer.verl.backend import _scale_mini_batches, to_verl
+from trainer.verl.workers import MICRO_BATCH, actor_config
 
 CONFIG = TrainerConfig(run_id="r", model=Path("m"), batch_groups=2, kl_coef=0.01)
 

@@ -28,6 +28,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from analytics.view.app import TOPICS, project
+from analytics.view.store import Positions, ViewStore
 from infra.processes import free_port, stop
 from schemas import events as ev
 from schemas.events import run_of
@@ -35,8 +37,6 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
-from stream_processors.view.app import TOPICS, project
-from stream_processors.view.store import Positions, ViewStore
 from tests.conftest import spawn
 from tests.factories import T0, as_recorded
 

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from stream_processors.view.charts import Series, chart
-from stream_processors.view.reads import advantages, answer_of, conversation
-from stream_processors.view.tokens import token_texts
+from analytics.view.charts import Series, chart
+from analytics.view.reads import advantages, answer_of, conversation
+from analytics.view.tokens import token_texts
 
 
 @given(st.lists(st.one_of(st.none(), st.floats(-10, 10, allow_nan=False)), min_size=1, max_size=8))

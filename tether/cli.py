@@ -140,7 +140,7 @@ def model_init_tiny(
         "this tokenizer's tokens: give them 32768."))] = 4096,
 ) -> None:
     """A tiny random Qwen2 model and a byte-level BPE tokenizer trained on a generated corpus."""
-    from trainer.tiny_model import init_tiny
+    from tether.tiny_model import init_tiny
 
     with console.status(f"Building the tiny model (seed {seed}, context {context})..."):
         init_tiny(out, seed, context=context)
@@ -155,8 +155,8 @@ def engine_serve(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N.")] = None,
 ) -> None:
     """Serve a model on /v1/completions until interrupted."""
-    from trainer.engine.serve import serve
-    from trainer.engine.settings import EngineSettings
+    from engine.serve import serve
+    from engine.settings import EngineSettings
 
     settings = load_settings(EngineSettings, model=model, host=host, port=port, device=device)
     try:

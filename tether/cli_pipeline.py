@@ -181,10 +181,10 @@ def analytics(
     out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path(".tether/analytics"),
 ) -> None:
     """Reward per weight version, tokens and calls per rollout, gateway latency, staleness, failures."""
-    from stream_processors.analytics import plot, print_results, run_queries
+    from analytics.report import plot, print_results, run_queries
+    from analytics.sink import connect
     from stream_processors.errors import ProcessorError
     from stream_processors.settings import ProcessorSettings
-    from stream_processors.sink import connect
     from tether.stack import StackSettings
 
     settings = load_settings(ProcessorSettings)
@@ -242,7 +242,7 @@ def trainer_verl_config(
 
     from trainer.config import load_config as load_trainer_config
     from trainer.errors import TrainerError
-    from trainer.verl_workers import actor_config
+    from trainer.verl.workers import actor_config
 
     cfg = _config_or_exit(load_trainer_config, config, TrainerError)
     cpu = not (gpu or torch.cuda.is_available())
@@ -265,10 +265,10 @@ def view(
     reads the topics (Kafka: TETHER_BUS_*) into its own store, so it shows live and replayed runs alike."""
     import uvicorn
 
+    from analytics.view.app import create_app
+    from analytics.view.settings import ViewSettings
     from schemas.settings import BusSettings
     from stream_processors.errors import ProcessorError
-    from stream_processors.view.app import create_app
-    from stream_processors.view.settings import ViewSettings
 
     settings = load_settings(ViewSettings, run_id=run, dsn=dsn, model=model, port=port, host=host, follow=follow)
     if settings.model is not None and not (settings.model / "config.json").exists():

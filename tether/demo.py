@@ -84,8 +84,8 @@ def main(settings: DemoSettings, console: Console) -> int:
 
 def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     """The tiny model warm-started on the task's tool-call format; reused while its recipe is unchanged."""
+    from tether.tiny_model import init_tiny
     from tether.warm_start import warm_start
-    from trainer.tiny_model import init_tiny
 
     tiny = settings.home / "models" / "tiny"
     if not (tiny / "tokenizer.json").exists():
@@ -225,8 +225,8 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str)
 
 def _reward_by_version(dsn: str, run_id: str) -> list[tuple[int, float]]:
     """(rollouts, mean reward) per weight version that sampled them, from the run's analytics sink."""
+    from analytics.sink import connect, query
     from stream_processors.errors import ProcessorError
-    from stream_processors.sink import connect, query
 
     try:
         columns, rows = query(connect(dsn), "reward_per_version", run_id)

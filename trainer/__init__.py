@@ -1,1 +1,1 @@
-"""The collocated trainer and the embedded inference engine it shares weights with (issues 3 and 7)."""
+"""The trainer: task groups from tether.samples become weight versions, through the update handshake."""

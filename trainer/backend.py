@@ -6,7 +6,7 @@ groups and writes its weights and optimiser into a staging folder. Two
 implement it, chosen by the trainer config's `backend`:
 
     torch   the embedded learner (`trainer/learner.py`): model, optimiser and reference in this process
-    verl    verl's own actor workers (`trainer/verl_backend.py`): FSDP2 on Ray, `workers` of them
+    verl    verl's own actor workers (`trainer/verl/backend.py`): FSDP2 on Ray, `workers` of them
 
 `tests/test_trainer_backends.py` holds both to the same contract.
 """
@@ -49,7 +49,7 @@ def open_backend(config: TrainerConfig, device: torch.device, found: Path | None
         from trainer.learner import TorchLearner
 
         return TorchLearner.load(config, device, found)
-    from trainer.verl_backend import VerlBackend
-    from trainer.verl_workers import VerlWorkers
+    from trainer.verl.backend import VerlBackend
+    from trainer.verl.workers import VerlWorkers
 
     return VerlBackend.open(config, VerlWorkers.start(config, config.workers), found)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from analytics.sink import QUERIES
+from analytics.view.store import ViewStore
 from schemas.calls import join_request
-from stream_processors.sink import QUERIES
-from stream_processors.view.store import ViewStore
 
 
 class Decoder(Protocol):

@@ -7,10 +7,10 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.app import create_app
+from engine.engine import Engine
+from engine.settings import EngineSettings
 from infra.serving import serve_app
-from trainer.engine.app import create_app
-from trainer.engine.engine import Engine
-from trainer.engine.settings import EngineSettings
 
 
 def pick_device(name: str) -> torch.device:

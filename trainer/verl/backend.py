@@ -7,7 +7,7 @@ becomes verl's multi-turn layout, one row per segment: the opening prompt
 `response_mask` off on the gaps (tool output, user turns);
 `behaviour_log_probs` are the logprobs the gateway recorded, `advantages`
 the task-level ones and `token_weights` the per-task normalisation. The
-workers (`trainer/verl_workers.py`) apply Tether's loss to it, so both
+workers (`trainer/verl/workers.py`) apply Tether's loss to it, so both
 backends optimise the same objective. After an update the checkpoint holds
 the weights as a Hugging Face folder (what the inference engines load) and
 the workers' sharded checkpoint under `actor/`.
@@ -79,7 +79,7 @@ def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataPr
 
 
 class ActorWorkers(Protocol):
-    """What the backend uses of verl's actor workers (`trainer/verl_workers.VerlWorkers`)."""
+    """What the backend uses of verl's actor workers (`trainer/verl/workers.VerlWorkers`)."""
 
     world_size: int
     rows_multiple: int  # rows per mini-batch must be a multiple of this (workers times rows per forward)

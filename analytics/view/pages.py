@@ -12,8 +12,8 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field, field_validator
 
-from stream_processors.view.charts import Series, chart
-from stream_processors.view.reads import Curves, Filters, Group, RolloutRow, RunReads, RunSummary, Trajectory
+from analytics.view.charts import Series, chart
+from analytics.view.reads import Curves, Filters, Group, RolloutRow, RunReads, RunSummary, Trajectory
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 

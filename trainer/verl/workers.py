@@ -5,7 +5,7 @@ workers, and has verl build its FSDP2 training engine in each from verl's own
 config defaults (`actor_config`). The loss is Tether's (`tether_loss`, handed
 to the workers with verl's `set_loss_fn`), so both backends optimise the same
 objective. Without an accelerator the workers run on the CPU platform of
-`trainer/verl_cpu.py`, FSDP2 over gloo.
+`trainer/verl/cpu.py`, FSDP2 over gloo.
 
 What the backend asks of them: proximal log-probs (`compute_log_prob`), an
 update (`update_actor`), the trained weights as a Hugging Face folder
@@ -36,10 +36,10 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-from trainer import verl_cpu
 from trainer.algorithms import LossConfig, policy_loss
 from trainer.config import TrainerConfig
 from trainer.errors import TrainerError, WorkersLost
+from trainer.verl import cpu as cpu_mode
 
 ONE_TO_ALL = cast(Any, Dispatch).ONE_TO_ALL  # verl's dispatch modes are members made at run time
 F = TypeVar("F", bound=Callable[..., Any])
@@ -127,7 +127,7 @@ class TetherActorWorker(ActorRolloutRefWorker):
     `cpu:gloo,cpu:gloo`, which it refuses) and the weights gathered into a Hugging Face folder."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if verl_cpu.active():
+        if cpu_mode.active():
             initialize_global_process_group_ray(backend="gloo")
             # Ray gives each worker one thread (OMP_NUM_THREADS=1); the machine's cores are the workers' to share
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
@@ -158,13 +158,13 @@ class VerlWorkers:
         self.config, self.world_size = config, world_size
         self.rows_multiple = world_size * MICRO_BATCH
         self.owns_ray = False  # whether `close` shuts Ray down (this process started it)
-        self.cpu = verl_cpu.wanted()
+        self.cpu = cpu_mode.wanted()
         self.group: Any = self._spawn()  # verl adds the workers' methods to it at run time
 
     @classmethod
     def start(cls, config: TrainerConfig, world_size: int) -> VerlWorkers:
         """Workers with the starting model; on a Ray cluster named by RAY_ADDRESS, else on a local one."""
-        env = verl_cpu.worker_env() if verl_cpu.wanted() else {}
+        env = cpu_mode.worker_env() if cpu_mode.wanted() else {}
         os.environ.update(env)  # this process resolves verl's platform the same way as the workers
         owned = not ray.is_initialized()
         if owned:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.engine.kv_batch import KV
+from engine.kv_batch import KV
 
 MIN_REUSE = 32  # a shorter shared prefix is not worth building a cache for
 

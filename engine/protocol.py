@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from trainer.engine.engine import Chunk, Request
-from trainer.engine.errors import InvalidRequest
-from trainer.engine.sampling import SamplingParams
+from engine.engine import Chunk, Request
+from engine.errors import InvalidRequest
+from engine.sampling import SamplingParams
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
 

@@ -23,13 +23,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer.engine import attention
-from trainer.engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
-from trainer.engine.forward import decode_logits, supports_direct
-from trainer.engine.kv_batch import KV, KVBatch, cache_tensors
-from trainer.engine.prefix_cache import PrefixCache
-from trainer.engine.sampling import SamplingParams, sample
-from trainer.engine.text import TextStream
+from engine import attention
+from engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
+from engine.forward import decode_logits, supports_direct
+from engine.kv_batch import KV, KVBatch, cache_tensors
+from engine.prefix_cache import PrefixCache
+from engine.sampling import SamplingParams, sample
+from engine.text import TextStream
 
 
 @dataclass(frozen=True, kw_only=True)

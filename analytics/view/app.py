@@ -11,17 +11,17 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from analytics.errors import AnalyticsError
+from analytics.view.pages import router
+from analytics.view.reads import Decoder, RunReads
+from analytics.view.settings import ViewSettings
+from analytics.view.store import ViewStore
+from analytics.view.tokens import token_texts
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer
 from schemas.errors import AccessDenied, BusError
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
-from stream_processors.errors import AnalyticsError
-from stream_processors.view.pages import router
-from stream_processors.view.reads import Decoder, RunReads
-from stream_processors.view.settings import ViewSettings
-from stream_processors.view.store import ViewStore
-from stream_processors.view.tokens import token_texts
 
 log = logging.getLogger("tether.view")
 TOPICS = (topics.CALLS, topics.ROLLOUTS, topics.SAMPLES, topics.CONTROL)

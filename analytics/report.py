@@ -1,4 +1,4 @@
-"""`tether analytics`: the SQL files of infra/clickhouse/queries/ run for one run, printed and plotted."""
+"""`tether analytics`: the SQL files of analytics/clickhouse/queries/ run for one run, printed and plotted."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from clickhouse_connect.driver.client import Client
 from rich.console import Console
 from rich.table import Table
 
-from stream_processors.sink import query
+from analytics.sink import query
 
 QUERIES = ("reward_per_version", "tokens_per_rollout", "calls_per_rollout", "gateway_latency", "staleness",
            "failures_by_status", "updates")

@@ -12,10 +12,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from engine.engine import Chunk, Engine
+from engine.errors import EngineError, ModelNotFound
+from engine.protocol import Choice, CompletionRequest, Responder, error_body
 from schemas.validation import first_error
-from trainer.engine.engine import Chunk, Engine
-from trainer.engine.errors import EngineError, ModelNotFound
-from trainer.engine.protocol import Choice, CompletionRequest, Responder, error_body
 
 
 class LoadWeights(BaseModel):

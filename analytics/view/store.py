@@ -1,6 +1,6 @@
 """The page's store: the analytics tables, plus every call's content, projected from the run's topics.
 
-The analytics rows are the sink's (`stream_processors.sink.row_for`), plus the
+The analytics rows are the sink's (`analytics.sink.row_for`), plus the
 advantages each update gave its rollouts (`given_advantages`); calls are
 kept as recorded (an extending call as its difference), and made whole when a
 trajectory is read. Rows are ReplacingMergeTree by their own id, so reading the
@@ -18,9 +18,9 @@ from typing import Any, TypeAlias
 
 from clickhouse_connect.driver.client import Client
 
+from analytics.errors import QueryFailed, WriteFailed
+from analytics.sink import Sink, connect
 from schemas.events import Event, ModelCall, TrainerStep, run_of
-from stream_processors.errors import AnalyticsError
-from stream_processors.sink import Sink, connect
 
 CONTENTS = """
 CREATE TABLE IF NOT EXISTS call_contents (
@@ -116,12 +116,12 @@ class ViewStore:
         try:
             self.client.insert(table, rows, column_names=columns)
         except Exception as exc:  # clickhouse-connect and chdb raise their own trees
-            raise AnalyticsError(f"inserting {len(rows)} rows into {table}: {exc}") from exc
+            raise WriteFailed(f"inserting {len(rows)} rows into {table}: {exc}") from exc
 
     def rows(self, sql: str, **parameters: Any) -> list[dict[str, Any]]:
         with self.lock:
             try:
                 result = self.client.query(sql, parameters=parameters)
             except Exception as exc:
-                raise AnalyticsError(f"query failed: {exc}") from exc
+                raise QueryFailed(f"query failed: {exc}") from exc
         return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]

@@ -1,4 +1,4 @@
-"""Events → rows of the analytics tables (infra/clickhouse/schema.sql), written in batches via clickhouse-connect.
+"""Events → rows of the analytics tables (analytics/clickhouse/schema.sql), written in batches via clickhouse-connect.
 
 The DSN picks the backend with the same code: `chdb://PATH` runs ClickHouse in
 this process (chdb) on PATH, `http://host:8123/db` talks to a server. chdb
@@ -14,6 +14,7 @@ from typing import Any
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
+from analytics.errors import ConnectFailed, QueryFailed, WriteFailed
 from schemas.events import (
     Event,
     ModelCall,
@@ -23,9 +24,8 @@ from schemas.events import (
     TrainerStep,
     WeightVersionPublished,
 )
-from stream_processors.errors import AnalyticsError
 
-SCHEMA = Path(__file__).parent.parent / "infra" / "clickhouse" / "schema.sql"
+SCHEMA = Path(__file__).parent / "clickhouse" / "schema.sql"
 QUERIES = SCHEMA.parent / "queries"
 COLUMNS = {
     "calls": ["run_id", "rollout_id", "call_id", "seq", "choice_index", "api", "model", "status", "http_status",
@@ -90,7 +90,7 @@ def connect(dsn: str) -> Client:
             if "CREATE" in statement:
                 client.command(statement)
     except Exception as exc:  # clickhouse-connect and chdb raise their own trees
-        raise AnalyticsError(f"ClickHouse at {dsn}: {exc}") from exc
+        raise ConnectFailed(f"ClickHouse at {dsn}: {exc}") from exc
     return client
 
 
@@ -114,7 +114,7 @@ class Sink:
                 try:
                     self.client.insert(table, rows, column_names=COLUMNS[table])
                 except Exception as exc:
-                    raise AnalyticsError(f"inserting {len(rows)} rows into {table}: {exc}") from exc
+                    raise WriteFailed(f"inserting {len(rows)} rows into {table}: {exc}") from exc
                 n += len(rows)
             del self.pending[table]
         self.written += n
@@ -122,9 +122,9 @@ class Sink:
 
 
 def query(client: Client, name: str, run_id: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """One query of infra/clickhouse/queries/ for a run: column names and rows."""
+    """One query of analytics/clickhouse/queries/ for a run: column names and rows."""
     try:
         result = client.query((QUERIES / f"{name}.sql").read_text(), parameters={"run": run_id})
     except Exception as exc:
-        raise AnalyticsError(f"query {name}: {exc}") from exc
+        raise QueryFailed(f"query {name}: {exc}") from exc
     return list(result.column_names), [tuple(r) for r in result.result_rows]

@@ -1,0 +1,1 @@
+"""The verl backend: the same learner contract on verl's Ray/FSDP actor workers."""
