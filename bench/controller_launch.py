@@ -112,7 +112,7 @@ def main() -> None:
             task = bar.add_task("rollouts through the controller", total=n)
             cpu0, started = cpu_s(), time.perf_counter()
             view = asyncio.run(run(config, settings, lambda c: bar.update(
-                task, completed=sum(1 for s in c.view.rollouts.values() if s.finished))))
+                task, completed=sum(1 for s in c.state.rollouts.values() if s.finished))))
             controller_s, controller_cpu = time.perf_counter() - started, cpu_s() - cpu0
         sdk: dict[str, float] = {}
         for mode, preload in (("spawned", []), ("preloaded", ["openai"])):

@@ -22,7 +22,7 @@ from controller.config import RunConfig
 from controller.errors import ConfigError, GatewayUnavailable, LaunchError, RewardError
 from controller.gateway_admin import GatewayAdmin
 from controller.placeholders import fill, fill_all
-from controller.plan import Launch, RolloutState, RunView
+from controller.plan import Launch, RolloutState, RunState
 from controller.rewards import parse_reward
 from controller.runners.base import Exit, Runner, Spec
 from controller.settings import ControllerSettings
@@ -48,7 +48,7 @@ class Controller(Generic[S]):
                  runner: Runner[S], spec_of: SpecOf[S], producer: EventProducer, admin: GatewayAdmin) -> None:
         self.config, self.settings, self.tasks = config, settings, tasks
         self.runner, self.spec_of, self.producer, self.admin = runner, spec_of, producer, admin
-        self.view = RunView(config.run_id, config.group_size, config.max_attempts)
+        self.state = RunState(config.run_id, config.group_size, config.max_attempts)
         self.launched = 0  # by this process
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._specs: dict[str, S] = {}
@@ -59,7 +59,7 @@ class Controller(Generic[S]):
 
     # -- the run -------------------------------------------------------------------
 
-    async def run(self) -> RunView:
+    async def run(self) -> RunState:
         follower = asyncio.create_task(self._follow())
         try:
             await asyncio.wait([follower, asyncio.create_task(self._caught_up.wait())],
@@ -69,12 +69,12 @@ class Controller(Generic[S]):
             await self._recover()
             while not self._stopping:
                 while len(self._tasks) < self.config.concurrency and not self._stopping:
-                    launch = self.view.next_launch(self.tasks, self.config.max_groups_in_flight,
+                    launch = self.state.next_launch(self.tasks, self.config.max_groups_in_flight,
                                                    self.config.sync_batch)
                     if launch is None:
                         break
                     await self._launch(launch)
-                if not self._tasks and self.view.done(self.tasks):
+                if not self._tasks and self.state.done(self.tasks):
                     break  # every group has its K rollouts (or ran out of attempts)
                 self._wake.clear()
                 await self._wake.wait()
@@ -82,7 +82,7 @@ class Controller(Generic[S]):
                 await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             if self._failure is not None:
                 raise self._failure
-            return self.view
+            return self.state
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
@@ -95,7 +95,7 @@ class Controller(Generic[S]):
                              return_exceptions=True)
 
     def _apply(self, event: Event) -> None:
-        self.view.apply(event)
+        self.state.apply(event)
         self._wake.set()
 
     async def _follow(self) -> None:
@@ -110,7 +110,7 @@ class Controller(Generic[S]):
                     self._apply(item.event)
 
     async def _recover(self) -> None:
-        for state in self.view.running():
+        for state in self.state.running():
             spec = self._spec(self._launch_of(state))
             if await self.runner.attach(spec):
                 log.info("re-attached to %s", spec.rollout_id)
@@ -168,7 +168,7 @@ class Controller(Generic[S]):
             rollout_id=launch.rollout_id, run_id=self.config.run_id, group_id=launch.group_id,
             task_id=launch.task_id, task_json=json.dumps(launch.task), group_size=self.config.group_size,
             runner=self.config.runner, attempt=launch.attempt, retry_of=launch.retry_of,
-            weight_version=self.view.version)
+            weight_version=self.state.version)
         await self.producer.publish(started)
         self._apply(started)
         return started
@@ -220,7 +220,7 @@ class Controller(Generic[S]):
     async def _posted_reward(self, rollout_id: str, wait_s: float) -> float | None:
         deadline = time.monotonic() + wait_s
         while True:
-            state = self.view.rollouts.get(rollout_id)
+            state = self.state.rollouts.get(rollout_id)
             if state is not None and state.reward is not None:
                 return state.reward.reward
             if time.monotonic() >= deadline:
@@ -234,7 +234,7 @@ class Controller(Generic[S]):
             if reward is None:
                 raise RewardError(f"no reward was posted to TETHER_REWARD_URL within {source.wait_s:.0f} s")
             return reward
-        state = self.view.rollouts[spec.rollout_id]
+        state = self.state.rollouts[spec.rollout_id]
         launch = self._launch_of(state)
         values = {"rollout_id": spec.rollout_id, "run_id": spec.run_id, "task_id": spec.task_id,
                   "group_id": launch.group_id, "attempt": spec.attempt}

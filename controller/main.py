@@ -16,7 +16,7 @@ from controller.config import Harness, RunConfig, load_tasks
 from controller.controller import Controller, Fill, SpecOf
 from controller.errors import ConfigError
 from controller.gateway_admin import GatewayAdmin
-from controller.plan import RunView
+from controller.plan import RunState
 from controller.runners.base import JobSpec, ProcessSpec, Runner, Spec
 from controller.runners.local import LocalRunner
 from controller.settings import ControllerSettings
@@ -74,7 +74,7 @@ def make_runner(config: RunConfig) -> tuple[Runner[Any], SpecOf[Any]]:
 
 
 async def run(config: RunConfig, settings: ControllerSettings,
-              on_tick: Callable[[Controller[Any]], None] | None = None) -> RunView:
+              on_tick: Callable[[Controller[Any]], None] | None = None) -> RunState:
     """Run until every task group is done, or until SIGINT/SIGTERM (then running rollouts are cancelled)."""
     tasks = load_tasks(config.dataset)
     config.run_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ or `cancelled` (the controller was stopped) is followed by a new attempt with
 its rollouts ends succeeded, failed or timeout (task failures are not
 retried). The run is done when every slot of every task is done (or out of
 attempts). Rollout ids are deterministic, so a restarted controller that
-rebuilt this view plans exactly the launches that are still missing.
+rebuilt this state plans exactly the launches that are still missing.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Launch:
 
 
 @dataclass
-class RunView:
+class RunState:
     run_id: str
     group_size: int
     max_attempts: int

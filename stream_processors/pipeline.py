@@ -94,3 +94,13 @@ def compare(rebuilt: list[TaskGroup], stored: list[TaskGroup]) -> tuple[bool, in
     same = [g for g in rebuilt if g.group_id in ids]
     extra = sum(1 for g in rebuilt if g.group_id not in ids and g.partial)
     return len(same) == len(stored) and content_hash(same) == content_hash(stored), extra
+
+
+def verdict(rebuilt: list[TaskGroup], stored: list[TaskGroup]) -> str:
+    """What a replay says of its rebuild against tether.samples: identical, identical for what was published (the
+    rest still incomplete), or different."""
+    same, pending = compare(rebuilt, stored)
+    said = ("identical" if content_hash(stored) == content_hash(rebuilt) else
+            f"identical for the {len(stored)} groups published" if same else
+            "DIFFERENT: see README (a partial group published while a rollout was still coming)")
+    return said + (f"; {pending} more groups are incomplete (partial in the rebuild)" if pending else "")

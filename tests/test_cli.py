@@ -65,3 +65,13 @@ def test_up_refuses_while_another_run_s_stack_runs_under_the_same_home(tmp_path:
         Stack(StackSettings(run_id="second", home=tmp_path)).up()
     result = runner.invoke(app, ["status"], env={"TETHER_STACK_HOME": str(tmp_path), "COLUMNS": "300"})
     assert "stack of run first" in result.output and str(os.getpid()) in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["analytics", "--run", "r"], ["view"]])
+def test_a_clickhouse_that_refuses_is_one_line_not_a_traceback(command: list[str]) -> None:
+    """Analytics' own errors reach the user as one line with exit code 1, from `tether analytics` and `tether view`
+    alike (port 9 on the loopback: nothing listens)."""
+    result = runner.invoke(app, [*command, "--dsn", "http://127.0.0.1:9/tether"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("tether: ") and "127.0.0.1:9" in result.output, result.output
+    assert "Traceback" not in result.output

@@ -18,9 +18,9 @@ import yaml
 
 from controller.config import RunConfig, load_config
 from controller.errors import ConfigError
-from controller.history import read_run
 from controller.main import run
 from controller.plan import DONE
+from controller.recorded import read_run
 from controller.settings import ControllerSettings
 from schemas import topics
 from schemas.consumer import EventConsumer

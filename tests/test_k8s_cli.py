@@ -1,4 +1,4 @@
-"""infra/k8s's command: `tether k8s render` (tether/cli_k8s.py) writes the same files as the module, --check fails
+"""infra/k8s's command: `tether k8s render` (tether/cli/k8s.py) writes the same files as the module, --check fails
 on a drifted one, and its options (a namespace, a run id, replicas) move everything; bad ones are refused."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from infra.k8s import render
-from tether.cli_k8s import k8s_app
+from tether.cli.k8s import k8s_app
 
 
 def test_the_command_renders_checks_and_takes_options(tmp_path: Path) -> None:
-    """`tether k8s render` (tether/cli_k8s.py): the same files; --check fails on a drifted one; a namespace moves
+    """`tether k8s render` (tether/cli/k8s.py): the same files; --check fails on a drifted one; a namespace moves
     everything, HAProxy's server names included."""
     runner = CliRunner()
     same = tmp_path / "same"

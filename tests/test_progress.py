@@ -41,11 +41,11 @@ def test_a_status_in_a_log_is_one_line() -> None:
 
 
 def test_rollouts_ls_keeps_ids_whole_in_a_narrow_terminal() -> None:
-    from controller.plan import RunView
+    from controller.plan import RunState
     from schemas.events import RolloutFinished, RolloutStarted
-    from tether.cli_pipeline import rollouts_table
+    from tether.cli.bus import rollouts_table
 
-    view = RunView(run_id="demo-20261202-101500", group_size=2, max_attempts=1)
+    view = RunState(run_id="demo-20261202-101500", group_size=2, max_attempts=1)
     ids = []
     for i in range(3):
         rid = f"demo-20261202-101500.letters-task-{i:04d}/0.r{i}.a0"

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.plan import RunView
+from controller.plan import RunState
 from schemas.events import (
     CallSpan,
     ModelCall,
@@ -130,7 +130,7 @@ def test_credit_per_call_reaches_the_tokens_and_finds_signal_the_outcome_lacks()
 
 def test_the_controller_takes_a_step_reward_for_no_rollouts_reward() -> None:
     started = example(RolloutStarted, rollout_id="r-1")
-    view = RunView(run_id=started.run_id, group_size=started.group_size, max_attempts=1)
+    view = RunState(run_id=started.run_id, group_size=started.group_size, max_attempts=1)
     view.apply(started)
     view.apply(RewardReported(rollout_id="r-1", run_id=started.run_id, reward=0.5, source="harness", call_id="c"))
     assert view.rollouts["r-1"].reward is None

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from tether.cli_support import progress_bar
+from tether.cli.support import progress_bar
 
 
 class Shown(AbstractContextManager["Shown"]):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tether.cli_support import fail
+from tether.cli.support import fail
 
 k8s_app = typer.Typer(help="Kubernetes manifests of the whole system (Strimzi topics and users included).",
                       no_args_is_help=True)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from controller.plan import RunView
+from controller.plan import RunState
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 
 
-async def read_run(bus: BusSettings, run_id: str, group_size: int = 1, max_attempts: int = 1) -> RunView:
-    view = RunView(run_id, group_size, max_attempts)
+async def read_run(bus: BusSettings, run_id: str, group_size: int = 1, max_attempts: int = 1) -> RunState:
+    state = RunState(run_id, group_size, max_attempts)
     async with EventProducer(bus) as deadletters, \
             EventConsumer(bus, [topics.ROLLOUTS], deadletters, name=f"rollouts-ls-{run_id}") as consumer:
         async for received in consumer.read_to_end():
-            view.apply(received.event)
-    return view
+            state.apply(received.event)
+    return state

@@ -1,9 +1,13 @@
-"""What every `tether` command shares: one-line errors, settings read once with the variable named."""
+"""What every `tether` command shares: one-line errors, settings read once with the variable named, services run
+under a progress bar."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -16,6 +20,8 @@ from schemas.validation import first_error
 
 console = Console(stderr=True)
 S = TypeVar("S", bound=BaseSettings)
+C = TypeVar("C")
+T = TypeVar("T")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -51,3 +57,24 @@ def progress_bar(on: Console | None = None) -> Progress:
     """A bar with a count and a free-text `detail` field, on stderr (or `on`)."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=on or console)
+
+
+def config_or_exit(load: Callable[[Path], C], path: Path, error: type[Exception]) -> C:
+    """A service's YAML file; an invalid one exits 2 with the error (it names the file and the field)."""
+    try:
+        return load(path)
+    except error as exc:
+        fail(str(exc), 2)
+
+
+def run_with_bar(title: str, total: int | None, detail: str, error: type[Exception],
+                  main: Callable[[Callable[..., None]], Coroutine[Any, Any, T]]) -> T:
+    """Run a service to its end under a progress bar; `main` gets the bar's update. Its own errors (`error`) and
+    the bus's become one line on stderr and exit code 1."""
+    progress = progress_bar()
+    bar = progress.add_task(title, total=total, detail=detail)
+    with failing_cleanly(), progress:
+        try:
+            return asyncio.run(main(functools.partial(progress.update, bar)))
+        except error as exc:
+            fail(str(exc))

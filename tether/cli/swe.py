@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tether.cli_support import console, fail
+from tether.cli.support import console, fail
 
 if TYPE_CHECKING:
     from swe.build import Instance

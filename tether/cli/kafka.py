@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli_support import console, fail, failing_cleanly, load_settings
+from tether.cli.support import console, fail, failing_cleanly, load_settings
 
 if TYPE_CHECKING:
     from infra.kafka.launcher import KafkaBroker

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli_support import failing_cleanly, load_settings
+from tether.cli.support import failing_cleanly, load_settings
 
 
 def stack_up() -> None:

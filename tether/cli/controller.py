@@ -1,0 +1,46 @@
+"""`tether controller run`: a run's rollouts, K per task, launched and watched to the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tether.cli.support import config_or_exit, load_settings, run_with_bar
+
+if TYPE_CHECKING:
+    from controller.plan import RunState
+
+controller_app = typer.Typer(help="The rollout controller: runs K harness rollouts per task.", no_args_is_help=True)
+
+
+@controller_app.command("run")
+def controller_run(
+    config: Annotated[Path, typer.Argument(help="The run's YAML file (dataset, group size, harness, runner...).")],
+) -> None:
+    """Launch K rollouts per task until every task group is done; Ctrl-C cancels what runs (resumable)."""
+    from controller.config import load_config
+    from controller.controller import Controller
+    from controller.errors import ControllerError
+    from controller.main import run
+    from controller.settings import ControllerSettings
+
+    settings = load_settings(ControllerSettings)
+    cfg = config_or_exit(load_config, config, ControllerError)
+
+    def main(update: Callable[..., None]) -> Coroutine[Any, Any, RunState]:
+        def tick(c: Controller[Any]) -> None:
+            finished = [s for s in c.state.rollouts.values() if s.finished is not None]
+            counted = [s for s in finished if s.finished and s.finished.status in ("succeeded", "failed", "timeout")]
+            rewards = [s.finished.reward for s in counted if s.finished and s.finished.reward is not None]
+            mean = f"mean reward {sum(rewards) / len(rewards):.3f}" if rewards else "no rewards yet"
+            update(total=len(c.tasks) * cfg.group_size, completed=len(counted),
+                   detail=f"running {len(c.state.running())} · finished {len(finished)} · {mean}")
+
+        return run(cfg, settings, tick)
+
+    state = run_with_bar(f"run {cfg.run_id}", None, "", ControllerError, main)
+    done = sum(1 for t in state.slots if state.group_done(t))
+    typer.echo(f"run {cfg.run_id}: {done} task groups done; logs in {cfg.run_dir}", err=True)
