@@ -33,6 +33,7 @@ from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
 from tests.factories import synthetic_run
 from tether.tiny_model import init_tiny
+from trainer.advantages import ScoredGroups
 from trainer.batch import build_batch
 from trainer.step import StepConfig, update
 
@@ -63,7 +64,7 @@ def main() -> None:
         for name, pack, step in layouts:
             model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-            batch = build_batch(groups, row_tokens=args.row_tokens, pack=pack)
+            batch = build_batch(ScoredGroups.of(groups), row_tokens=args.row_tokens, pack=pack)
             real = sum(len(s.token_ids) - 1 for g in groups for r in g.rollouts for s in r.segments)
             cells = batch.batch["input_ids"].numel()
             times = []

@@ -34,6 +34,7 @@ from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
 from tests.factories import synthetic_run
 from tether.tiny_model import init_tiny
+from trainer.advantages import ScoredGroups
 from trainer.backend import UpdateBackend
 from trainer.config import TrainerConfig
 from trainer.learner import TorchLearner
@@ -57,7 +58,7 @@ def timed(backend: UpdateBackend, groups: list[TaskGroup], steps: int) -> tuple[
     seconds, tokens = [], 0
     for step in range(steps):
         started = time.perf_counter()
-        metrics = backend.update(groups, version=step)
+        metrics = backend.update(ScoredGroups.of(groups), version=step)
         seconds.append(time.perf_counter() - started)
         tokens = metrics.tokens
         console.print(f"  step {step}: {seconds[-1]:.2f} s, loss {metrics.loss:.4f}")

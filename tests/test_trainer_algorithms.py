@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from schemas.events import RolloutSample, Segment, TaskGroup
 from tests.factories import T0
+from trainer.advantages import AdvantageRecipe, ScoredGroups
 from trainer.algorithms import LossConfig, per_task_weights, policy_loss, rollout_advantages
 from trainer.batch import build_batch, select
 from trainer.step import StepConfig, token_log_probs, update
@@ -71,7 +72,7 @@ def task_groups(draw: st.DrawFn) -> list[TaskGroup]:
 
 
 def total_weight(groups: list[TaskGroup]) -> float:
-    t = build_batch(groups).batch
+    t = build_batch(ScoredGroups.of(groups)).batch
     return float((t["token_weights"] * t["loss_mask"]).sum())
 
 
@@ -88,7 +89,7 @@ def test_splitting_or_duplicating_a_rollouts_calls_keeps_its_tasks_weight(groups
                          created_at=x.created_at,
                          rollouts=[longer if (i, j) == (g, r) else y for j, y in enumerate(x.rollouts)])
                for i, x in enumerate(groups)]
-    t0, t1 = build_batch(groups).batch, build_batch(changed).batch
+    t0, t1 = build_batch(ScoredGroups.of(groups)).batch, build_batch(ScoredGroups.of(changed)).batch
     for t in (t0, t1):
         assert math.isclose(float((t["token_weights"] * t["loss_mask"]).sum()), 1.0, rel_tol=1e-5)
     assert total_weight(changed) == pytest.approx(total_weight(groups))
@@ -98,7 +99,7 @@ def test_the_per_task_loss_by_hand() -> None:
     """Two tasks; ratio 1, no staleness: loss = mean over tasks of mean over rollouts of mean over tokens of -A."""
     groups = [group("a", [(1.0, [segment(2, 2)]), (0.0, [segment(2, 4)])]),
               group("b", [(1.0, [segment(1, 1)]), (0.0, [segment(1, 3)]), (0.0, [segment(1, 2)])])]
-    t = build_batch(groups, normalise_by_std=False).batch
+    t = build_batch(ScoredGroups.of(groups, AdvantageRecipe(normalise_by_std=False))).batch
     log_prob = torch.zeros_like(t["loss_mask"])
     loss, _ = policy_loss(log_prob, log_prob, log_prob, t["advantages"], t["loss_mask"], t["token_weights"],
                           LossConfig(is_cap=10.0), int(t["loss_mask"].sum()), 5)
@@ -134,7 +135,8 @@ def test_stale_groups_are_dropped_and_counted() -> None:
 def test_packing_wastes_little_and_changes_nothing(tiny_model: Path) -> None:
     groups = [group(f"g{i}", [(1.0, [segment(3 + i, 5 + 2 * i, start=20)]), (0.0, [segment(4, 9, start=40)])])
               for i in range(4)]
-    packed, padded = build_batch(groups, row_tokens=64), build_batch(groups, pack=False)
+    scored = ScoredGroups.of(groups)
+    packed, padded = build_batch(scored, row_tokens=64), build_batch(scored, pack=False)
     assert packed.batch["input_ids"].numel() < padded.batch["input_ids"].numel()
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa").eval()
     with torch.no_grad():
@@ -153,14 +155,14 @@ def scored(response: list[int], reward: float) -> tuple[float, list[Segment]]:
 
 
 def response_log_prob(model: Any, response: list[int]) -> float:
-    b = build_batch([group("x", [scored(response, 1.0), scored(response, 0.0)])])
+    b = build_batch(ScoredGroups.of([group("x", [scored(response, 1.0), scored(response, 0.0)])]))
     with torch.no_grad():
         lp = token_log_probs(model, b, 1.0)[0]
     return float((lp * b.batch["loss_mask"]).sum()) / 2
 
 
 def good_vs_bad(model: Any) -> Any:
-    batch = build_batch([group("x", [scored(GOOD, 1.0), scored(BAD, 0.0)])])
+    batch = build_batch(ScoredGroups.of([group("x", [scored(GOOD, 1.0), scored(BAD, 0.0)])]))
     with torch.no_grad():  # behaviour = the current policy, as if it had just sampled these
         batch.batch["behaviour_log_probs"] = token_log_probs(model, batch, 1.0)[0]
     return batch

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from schemas.events import RolloutSample, Segment, TaskGroup, TrainerStep
 from tests.factories import T0
 from trainer import checkpoint
+from trainer.advantages import ScoredGroups
 from trainer.backend import UpdateBackend
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
@@ -115,7 +116,7 @@ def test_an_update_moves_the_policy_toward_the_advantage(open_backend: Open) -> 
     policy = subject.policy()
     before_good, before_bad = response_log_prob(policy, GOOD), response_log_prob(policy, BAD)
     for _ in range(5):
-        subject.backend.update(good_vs_bad(policy), version=0)
+        subject.backend.update(ScoredGroups.of(good_vs_bad(policy)), version=0)
         policy = subject.policy()
     assert response_log_prob(policy, GOOD) > before_good + 0.5
     assert response_log_prob(policy, BAD) < before_bad - 0.5
@@ -123,7 +124,7 @@ def test_an_update_moves_the_policy_toward_the_advantage(open_backend: Open) -> 
 
 def test_the_metrics_are_the_batchs_and_map_onto_a_trainer_step(open_backend: Open) -> None:
     subject = open_backend(None)
-    metrics = subject.backend.update(good_vs_bad(subject.policy(), version=0), version=2)
+    metrics = subject.backend.update(ScoredGroups.of(good_vs_bad(subject.policy(), version=0)), version=2)
     assert (metrics.tokens, metrics.task_groups, metrics.optimizer_steps) == (6, 1, 1)  # 3 + 3 response tokens
     assert metrics.staleness_mean == metrics.staleness_max == 2.0  # sampled at version 0, trained at 2
     assert math.isfinite(metrics.loss) and metrics.grad_norm > 0 and metrics.seconds > 0
@@ -145,7 +146,8 @@ def test_the_metrics_are_the_batchs_and_map_onto_a_trainer_step(open_backend: Op
 def test_no_groups_is_no_update(open_backend: Open) -> None:
     subject = open_backend(None)
     before = response_log_prob(subject.policy(), GOOD)
-    assert subject.backend.update([], version=4) == UpdateMetrics()  # zeros: what the loop records for it
+    # zeros: what the loop records for it
+    assert subject.backend.update(ScoredGroups.of([]), version=4) == UpdateMetrics()
     assert response_log_prob(subject.policy(), GOOD) == pytest.approx(before, abs=1e-6)
 
 
@@ -153,7 +155,7 @@ def test_a_committed_checkpoint_restores_the_weights_and_the_optimiser(open_back
     """One backend at a time (verl's workers are one group): train, commit, train on; then restore the commit and
     train on the same batch: the same weights only if the optimiser's state came back with them."""
     first = open_backend(None)
-    first.backend.update(good_vs_bad(first.policy()), version=0)
+    first.backend.update(ScoredGroups.of(good_vs_bad(first.policy())), version=0)
     state = TrainerState(version=1, offsets={"0": 7}, trained={"x": 1}, history=[{"version": 1.0}])
     staging = first.backend.stage(tmp_path, state)
     assert checkpoint.latest(tmp_path) is None  # staged is not committed
@@ -164,13 +166,13 @@ def test_a_committed_checkpoint_restores_the_weights_and_the_optimiser(open_back
     trained = response_log_prob(trained_policy, GOOD)
     assert response_log_prob(on_disk, GOOD) == pytest.approx(trained, abs=1e-5)
     groups = good_vs_bad(trained_policy)
-    first.backend.update(groups, version=1)
+    first.backend.update(ScoredGroups.of(groups), version=1)
     went_on = first.policy()
     after_good, after_bad = response_log_prob(went_on, GOOD), response_log_prob(went_on, BAD)
 
     resumed = open_backend(final)
     assert response_log_prob(resumed.policy(), GOOD) == pytest.approx(trained, abs=1e-5)
-    resumed.backend.update(groups, version=1)
+    resumed.backend.update(ScoredGroups.of(groups), version=1)
     again = resumed.policy()
     assert response_log_prob(again, GOOD) == pytest.approx(after_good, abs=1e-4)
     assert response_log_prob(again, BAD) == pytest.approx(after_bad, abs=1e-4)
@@ -197,7 +199,8 @@ def test_both_backends_take_the_same_first_step(tiny_model: Path, tmp_path: Path
     workers.load_checkpoint(fresh)
     verl = VerlBackend(config, workers)
     groups = stale_good_vs_bad(learner.model)
-    by_torch, by_verl = learner.update(groups, version=0), verl.update(groups, version=0)
+    scored = ScoredGroups.of(groups)
+    by_torch, by_verl = learner.update(scored, version=0), verl.update(scored, version=0)
     assert abs(by_torch.loss) > 0.05
     assert by_verl.loss == pytest.approx(by_torch.loss, rel=1e-3, abs=1e-5)
     assert by_verl.grad_norm == pytest.approx(by_torch.grad_norm, rel=1e-3)
@@ -222,7 +225,7 @@ def test_a_worker_killed_mid_update_fails_it_cleanly_and_the_next_succeeds(
 
     def update() -> None:
         try:
-            backend.update(long, version=0)
+            backend.update(ScoredGroups.of(long), version=0)
         except BaseException as exc:  # the test reads it
             failed.append(exc)
 
@@ -238,6 +241,6 @@ def test_a_worker_killed_mid_update_fails_it_cleanly_and_the_next_succeeds(
     assert victim not in workers.pids()  # new workers, from the starting model (no checkpoint was committed)
     assert response_log_prob(exported(backend, tmp_path / "restarted"), GOOD) == pytest.approx(
         response_log_prob(policy, GOOD), abs=1e-5)
-    metrics = backend.update(good_vs_bad(policy), version=0)
+    metrics = backend.update(ScoredGroups.of(good_vs_bad(policy)), version=0)
     assert metrics.optimizer_steps == 1 and metrics.grad_norm > 0
     assert response_log_prob(exported(backend, tmp_path / "after"), GOOD) > response_log_prob(policy, GOOD)

@@ -25,8 +25,9 @@ from schemas.events import (
 from stream_processors.assembly import Call, assemble
 from stream_processors.join import RolloutJoin, call_of
 from tests.factories import T0, example
+from trainer.advantages import AdvantageRecipe, ScoredGroups
 from trainer.algorithms import Credit, call_advantages, call_returns, rollout_advantages
-from trainer.batch import build_batch, given_advantages, select
+from trainer.batch import build_batch, select
 
 reward = st.floats(-5, 5, allow_nan=False)
 steps = st.dictionaries(st.integers(0, 6), reward, max_size=7)
@@ -116,26 +117,26 @@ def test_credit_per_call_reaches_the_tokens_and_finds_signal_the_outcome_lacks()
     group = TaskGroup(group_id="g", run_id="run", task_id="t", group_size=2, created_at=T0,
                       rollouts=[_rollout("a", 1.0, {0: 1.0}), _rollout("b", 1.0, {})])
     assert select([group], 0, 2).no_signal == 1 and not select([group], 0, 2).groups
-    assert select([group], 0, 2, credit="per-call").groups == [group]
-    batch = build_batch([group], pack=False, credit="per-call", discount=0.5)
+    assert select([group], 0, 2, recipe=AdvantageRecipe(credit="per-call")).groups == [group]
+    batch = build_batch(ScoredGroups.of([group], AdvantageRecipe(credit="per-call", discount=0.5)), pack=False)
     advantages, mask = batch.batch["advantages"], batch.batch["loss_mask"].bool()
     # Returns (discount 0.5): a 1.5 then 1, b 0.5 then 1; the baseline is the episodes' (1.5 and 0.5): mean 1, std
     # 0.707. The first calls get +-0.5 / 0.707; the second calls both returned 1, the mean: nothing to learn there.
     a = 0.5 / math.sqrt(0.5)
     expected = torch.tensor([[a, a, 0.0, 0.0], [-a, -a, 0.0, 0.0]])
     assert torch.allclose(torch.stack([advantages[i][mask[i]] for i in range(2)]), expected, atol=1e-4)
-    outcome = build_batch([group], pack=False)
+    outcome = build_batch(ScoredGroups.of([group]), pack=False)
     assert torch.count_nonzero(outcome.batch["advantages"]) == 0  # equal outcomes: nothing to learn
 
 
 def test_the_controller_takes_a_step_reward_for_no_rollouts_reward() -> None:
     started = example(RolloutStarted, rollout_id="r-1")
-    view = RunState(run_id=started.run_id, group_size=started.group_size, max_attempts=1)
-    view.apply(started)
-    view.apply(RewardReported(rollout_id="r-1", run_id=started.run_id, reward=0.5, source="harness", call_id="c"))
-    assert view.rollouts["r-1"].reward is None
-    view.apply(RewardReported(rollout_id="r-1", run_id=started.run_id, reward=1.0, source="harness"))
-    assert view.rollouts["r-1"].reward is not None and view.rollouts["r-1"].reward.reward == 1.0
+    state = RunState(run_id=started.run_id, group_size=started.group_size, max_attempts=1)
+    state.apply(started)
+    state.apply(RewardReported(rollout_id="r-1", run_id=started.run_id, reward=0.5, source="harness", call_id="c"))
+    assert state.rollouts["r-1"].reward is None
+    state.apply(RewardReported(rollout_id="r-1", run_id=started.run_id, reward=1.0, source="harness"))
+    assert state.rollouts["r-1"].reward is not None and state.rollouts["r-1"].reward.reward == 1.0
 
 
 @given(st.lists(st.tuples(reward, steps), min_size=2, max_size=5), st.sampled_from(["outcome", "per-call"]),
@@ -145,9 +146,10 @@ def test_the_published_advantages_are_those_the_tokens_carry(rollouts: list[tupl
     group = TaskGroup(group_id="g", run_id="run", task_id="t", group_size=len(rollouts), created_at=T0,
                       rollouts=[_rollout(f"r{i}", outcome, {s: v for s, v in step.items() if s < 2})
                                 for i, (outcome, step) in enumerate(rollouts)])
-    given_ = given_advantages([group], by_std, credit, gamma)
+    scored = ScoredGroups.of([group], AdvantageRecipe(normalise_by_std=by_std, credit=credit, discount=gamma))
+    given_ = scored.published()
     assert [(a.group_id, a.rollout_id) for a in given_] == [("g", r.rollout_id) for r in group.rollouts]
-    batch = build_batch([group], pack=False, normalise_by_std=by_std, credit=credit, discount=gamma)
+    batch = build_batch(scored, pack=False)
     advantages, mask = batch.batch["advantages"], batch.batch["loss_mask"].bool()
     for row, published in enumerate(given_):  # one segment per row, in the group's order (all of one length)
         by_call = {c.seq: c.advantage for c in published.calls}

@@ -44,6 +44,7 @@ from tests.conftest import RunningEngine, gateway, serve_engine
 from tests.factories import synthetic_run
 from tests.test_trainer_tracking import NAMES, tensorboard_scalars
 from trainer import checkpoint
+from trainer.advantages import ScoredGroups
 from trainer.config import TrainerConfig, load_config
 from trainer.errors import ConfigError, UpdateFailed
 from trainer.learner import TorchLearner
@@ -127,11 +128,11 @@ class FailsOnce:
     def __init__(self, learner: TorchLearner) -> None:
         self.learner, self.failures = learner, 0
 
-    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+    def update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
         if not self.failures:
             self.failures += 1
             raise UpdateFailed(f"the update of version {version + 1} failed and was not applied: worker lost")
-        return self.learner.update(groups, version)
+        return self.learner.update(scored, version)
 
     def stage(self, root: Path, state: checkpoint.TrainerState) -> Path:
         return self.learner.stage(root, state)

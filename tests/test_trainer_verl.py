@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from schemas.events import RolloutSample, Segment, TaskGroup
 from tests.factories import T0
+from trainer.advantages import ScoredGroups
 from trainer.config import TrainerConfig, load_config
 from trainer.errors import ConfigError
 from trainer.verl.backend import _scale_mini_batches, to_verl
@@ -33,7 +34,7 @@ def groups() -> list[TaskGroup]:
 
 
 def test_segments_become_verl_prompts_and_masked_responses() -> None:
-    t = to_verl(groups(), CONFIG).batch
+    t = to_verl(ScoredGroups.of(groups()), CONFIG).batch
     assert t["prompts"].tolist() == [[1, 2], [0, 7]]  # left-padded
     assert t["responses"].tolist() == [[3, 4, 5, 6], [8, 0, 0, 0]]
     assert t["response_mask"].tolist() == [[1, 1, 0, 1], [1, 0, 0, 0]]  # the tool output is not trained
@@ -44,7 +45,7 @@ def test_segments_become_verl_prompts_and_masked_responses() -> None:
 
 
 def test_rows_fill_up_to_a_multiple_with_rows_that_train_nothing() -> None:
-    t = to_verl(groups(), CONFIG, rows_multiple=4).batch
+    t = to_verl(ScoredGroups.of(groups()), CONFIG, rows_multiple=4).batch
     assert t["responses"].shape[0] == 4
     assert t["response_mask"][2:].sum() == 0 and t["token_weights"][2:].sum() == 0
     assert t["input_ids"][3].tolist() == t["input_ids"][1].tolist()  # shaped like a real row: no empty sequence

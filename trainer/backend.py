@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from schemas.events import TaskGroup
+from trainer.advantages import ScoredGroups
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.metrics import UpdateMetrics
@@ -27,8 +27,9 @@ from trainer.metrics import UpdateMetrics
 class UpdateBackend(Protocol):
     """What the loop asks of the thing that trains the policy."""
 
-    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
-        """Train on `groups` (the policy is at `version`; staleness is measured from it). No groups: no update,
+    def update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
+        """Train on the scored groups, each token taking the advantage the loop gave its rollout or call (the
+        policy is at `version`; staleness is measured from it). No groups: no update,
         zero metrics, the policy as it was (the loop still advances the version)."""
         ...
 

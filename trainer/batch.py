@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import torch
 from verl import DataProto
 
-from schemas.events import CallAdvantage, RolloutAdvantage, RolloutSample, Segment, TaskGroup
-from trainer.algorithms import Credit, LossMode, call_advantages, call_returns, per_task_weights, rollout_advantages
+from schemas.events import Segment, TaskGroup
+from trainer.advantages import OUTCOME, AdvantageRecipe, ScoredGroups, has_signal
+from trainer.algorithms import LossMode, per_task_weights
 
 FIELDS = ("input_ids", "position_ids", "segment_ids", "targets", "loss_mask", "behaviour_log_probs", "versions",
           "advantages", "token_weights")
@@ -32,7 +33,7 @@ class Selection:
 
 
 def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_variance: str = "drop",
-           credit: Credit = "outcome", discount: float = 1.0) -> Selection:
+           recipe: AdvantageRecipe = OUTCOME) -> Selection:
     """Drop groups with tokens sampled more than `max_staleness` versions ago, and (by policy) no-signal groups."""
     out = Selection()
     for group in groups:
@@ -41,7 +42,7 @@ def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_varia
         if versions and version - min(versions) > max_staleness:
             out.stale += 1
             continue
-        if not _has_signal(group, credit, discount):
+        if not has_signal(group, recipe):
             out.no_signal += 1
             if zero_variance == "drop":
                 continue
@@ -49,16 +50,9 @@ def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_varia
     return out
 
 
-def _has_signal(group: TaskGroup, credit: Credit, discount: float) -> bool:
-    """Rewards that differ within the group (credit per call: returns of calls or episodes that differ)."""
-    if credit == "per-call":
-        return call_advantages(*_returns_of([group], discount))[0] is not None
-    rewards = [r.reward for r in group.rollouts]
-    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-12
-
-
 @dataclass(frozen=True, kw_only=True)
-class _Piece:
+class Piece:
+    """One segment as rows take it: position i predicts target i."""
     tokens: list[int]
     targets: list[int]
     mask: list[float]
@@ -66,34 +60,6 @@ class _Piece:
     versions: list[int]
     advantages: list[float]  # per target: the rollout's, or (credit per call) that of the call it came from
     weight: float
-
-
-def _returns_of(groups: list[TaskGroup], discount: float) -> tuple[list[list[dict[int, float]]], list[list[float]]]:
-    def returns(r: RolloutSample) -> dict[int, float]:
-        seqs = [span.seq for s in r.segments for span in s.spans]
-        return call_returns(seqs, {s.seq: s.reward for s in r.step_rewards}, r.reward, discount)
-    return [[returns(r) for r in g.rollouts] for g in groups], [[r.reward for r in g.rollouts] for g in groups]
-
-
-def _advantages(groups: list[TaskGroup], normalise_by_std: bool, credit: Credit, discount: float
-                ) -> list[list[tuple[dict[int, float], float]]]:
-    """Per group and rollout: each call's advantage (credit per call) and the rollout's; zero where no signal."""
-    if credit == "outcome":
-        outcome = rollout_advantages([[r.reward for r in g.rollouts] for g in groups], normalise_by_std)
-        return [[({}, a) for a in (found or [0.0] * len(g.rollouts))] for g, found in zip(groups, outcome,
-                                                                                           strict=True)]
-    per_call = call_advantages(*_returns_of(groups, discount), normalise_by_std=normalise_by_std)
-    return [found or [({}, 0.0)] * len(g.rollouts) for g, found in zip(groups, per_call, strict=True)]
-
-
-def given_advantages(groups: list[TaskGroup], normalise_by_std: bool = True, credit: Credit = "outcome",
-                     discount: float = 1.0) -> list[RolloutAdvantage]:
-    """What each rollout of `groups` is given, as the batch carries it to its tokens: published with the update,
-    so the page shows what was trained on rather than a guess."""
-    return [RolloutAdvantage(group_id=group.group_id, rollout_id=rollout.rollout_id, advantage=own,
-                             calls=[CallAdvantage(seq=seq, advantage=value) for seq, value in sorted(calls.items())])
-            for group, found in zip(groups, _advantages(groups, normalise_by_std, credit, discount), strict=True)
-            for rollout, (calls, own) in zip(group.rollouts, found, strict=True)]
 
 
 def _token_advantages(s: Segment, calls: dict[int, float], rollout: float) -> list[float]:
@@ -104,36 +70,36 @@ def _token_advantages(s: Segment, calls: dict[int, float], rollout: float) -> li
     return out
 
 
-def _pieces(groups: list[TaskGroup], normalise_by_std: bool, mode: LossMode, credit: Credit = "outcome",
-            discount: float = 1.0) -> list[_Piece]:
-    advantages = _advantages(groups, normalise_by_std, credit, discount)
+def pieces(scored: ScoredGroups, mode: LossMode) -> list[Piece]:
+    """Every segment of the groups with two tokens or more, its targets' advantages and its rollout's weight."""
+    groups = scored.groups
     tokens = [[sum(sum(s.loss_mask[1:]) for s in r.segments) for r in g.rollouts] for g in groups]
     weights = per_task_weights(tokens) if mode == "per-task" else [[1.0] * len(t) for t in tokens]
-    pieces = []
+    out = []
     for g, group in enumerate(groups):
         for r, rollout in enumerate(group.rollouts):
-            calls, own = advantages[g][r]
+            given = scored.given[g][r]
             for s in rollout.segments:
                 if len(s.token_ids) < 2:
                     continue
-                pieces.append(_Piece(tokens=s.token_ids[:-1], targets=s.token_ids[1:],
-                                     mask=[float(m) for m in s.loss_mask[1:]], behaviour=s.logprobs[1:],
-                                     versions=s.weight_versions[1:],
-                                     advantages=_token_advantages(s, calls, own)[1:], weight=weights[g][r]))
-    return pieces
+                out.append(Piece(tokens=s.token_ids[:-1], targets=s.token_ids[1:],
+                                 mask=[float(m) for m in s.loss_mask[1:]], behaviour=s.logprobs[1:],
+                                 versions=s.weight_versions[1:],
+                                 advantages=_token_advantages(s, given.calls, given.rollout)[1:],
+                                 weight=weights[g][r]))
+    return out
 
 
-def build_batch(groups: list[TaskGroup], row_tokens: int | None = None, pack: bool = True,
-                normalise_by_std: bool = True, mode: LossMode = "per-task", credit: Credit = "outcome",
-                discount: float = 1.0) -> DataProto:
+def build_batch(scored: ScoredGroups, row_tokens: int | None = None, pack: bool = True,
+                mode: LossMode = "per-task") -> DataProto:
     """Rows hold at most max(row_tokens, the longest segment) tokens: packing never makes the attention of a
     row costlier than the longest segment's own. `pack=False` (and seq-mean-token-mean, where a row must be
     one sequence): one segment per row. Rows come longest first, so micro-batches of neighbours pad little."""
-    pieces = sorted(_pieces(groups, normalise_by_std, mode, credit, discount), key=lambda p: -len(p.tokens))
-    capacity = max(row_tokens or 0, len(pieces[0].tokens) if pieces else 0)
-    rows: list[list[_Piece]] = []
+    laid = sorted(pieces(scored, mode), key=lambda p: -len(p.tokens))
+    capacity = max(row_tokens or 0, len(laid[0].tokens) if laid else 0)
+    rows: list[list[Piece]] = []
     room: list[int] = []
-    for piece in pieces:
+    for piece in laid:
         n = len(piece.tokens)
         spot = next((i for i, free in enumerate(room) if free >= n), None) if pack and mode != \
             "seq-mean-token-mean" else None
@@ -161,8 +127,8 @@ def build_batch(groups: list[TaskGroup], row_tokens: int | None = None, pack: bo
             data["advantages"][i, span] = torch.tensor(p.advantages)
             data["token_weights"][i, span] = p.weight
             at += len(p.tokens)
-    batch: DataProto = DataProto.from_dict(tensors=data, meta_info={"task_groups": len(groups),
-                                                                    "segments": len(pieces)})
+    batch: DataProto = DataProto.from_dict(tensors=data, meta_info={"task_groups": len(scored.groups),
+                                                                    "segments": len(laid)})
     return batch
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.config_file import load_model
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.advantages import AdvantageRecipe
 
 Logger = Literal["console", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "file"]
 DEFAULT_LOGGERS: tuple[Logger, ...] = ("console", "tensorboard")
@@ -85,6 +88,13 @@ class TrainerConfig(BaseModel):
     @property
     def run_dir(self) -> Path:
         return self.checkpoint_dir / self.run_id
+
+    @property
+    def advantage(self) -> AdvantageRecipe:
+        """The three settings that make advantages, as one value (imported here only: it brings torch)."""
+        from trainer.advantages import AdvantageRecipe
+
+        return AdvantageRecipe(normalise_by_std=self.normalise_by_std, credit=self.credit, discount=self.discount)
 
 
 def load_config(path: Path) -> TrainerConfig:

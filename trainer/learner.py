@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from schemas.events import TaskGroup
 from trainer import checkpoint, step
+from trainer.advantages import ScoredGroups
 from trainer.algorithms import LossConfig
 from trainer.batch import build_batch
 from trainer.checkpoint import TrainerState
@@ -67,11 +67,10 @@ class TorchLearner:
             reference.requires_grad_(False)
         return cls(config=config, model=model, optimizer=optimizer, reference=reference)
 
-    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
-        if not groups:
+    def update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
+        if not scored.groups:
             return UpdateMetrics()
-        batch = build_batch(groups, self.config.row_tokens, normalise_by_std=self.config.normalise_by_std,
-                            mode=self.config.loss_mode, credit=self.config.credit, discount=self.config.discount)
+        batch = build_batch(scored, self.config.row_tokens, mode=self.config.loss_mode)
         return step.update(self.model, self.optimizer, batch, self.step, version, self.reference)
 
     def stage(self, root: Path, state: TrainerState) -> Path:

@@ -43,8 +43,9 @@ from schemas.events import (
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from trainer import checkpoint
+from trainer.advantages import ScoredGroups
 from trainer.backend import UpdateBackend, open_backend
-from trainer.batch import given_advantages, select
+from trainer.batch import select
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.errors import DrainTimeout, EngineError, UpdateFailed
@@ -264,19 +265,19 @@ class Trainer:
         version = state.version + 1
         started = time.monotonic()
         chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance,
-                        self.config.credit, self.config.discount)
+                        self.config.advantage)
+        scored = ScoredGroups.of(chosen.groups, self.config.advantage)  # once: trained on and published alike
         await run.producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
                                                    n_task_groups=len(chosen.groups)))
         await self._wait_drained(run.producer, version)
         drained = time.monotonic()
         # nothing chosen, nothing learnt: the version still advances, so the record stays one update per batch
-        metrics = await asyncio.to_thread(run.backend.update, chosen.groups, state.version)
+        metrics = await asyncio.to_thread(run.backend.update, scored, state.version)
         updated = time.monotonic()
         rewards = [r.reward for g in groups for r in g.rollouts]
-        c = self.config
         record = UpdateRecord(version=version, metrics=metrics, mean_reward=sum(rewards) / max(len(rewards), 1),
                               dropped_stale=chosen.stale, dropped_no_signal=chosen.no_signal, time=time.time(),
-                              advantages=given_advantages(chosen.groups, c.normalise_by_std, c.credit, c.discount))
+                              advantages=scored.published())
         row = record.row()
         state.version = version
         state.history.append(row)

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import torch
 from verl import DataProto
 
-from schemas.events import TaskGroup
 from trainer import checkpoint
-from trainer.batch import _Piece, _pieces
+from trainer.advantages import ScoredGroups
+from trainer.batch import Piece, pieces
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.errors import UpdateFailed, WorkersLost
@@ -35,32 +35,31 @@ from trainer.metrics import UpdateMetrics
 log = logging.getLogger("tether.trainer.verl")
 
 
-def to_verl(groups: list[TaskGroup], config: TrainerConfig, pad_id: int = 0, rows_multiple: int = 1) -> DataProto:
+def to_verl(scored: ScoredGroups, config: TrainerConfig, pad_id: int = 0, rows_multiple: int = 1) -> DataProto:
     """One verl sample per segment: (prompt, response) with masks, behaviour logprobs and advantages. The rows
     are made a multiple of `rows_multiple` (workers times mini-batches) with copies of the last that train nothing."""
-    pieces = _pieces(groups, config.normalise_by_std, config.loss_mode, config.credit, config.discount)
-    return _layout(_filled(pieces, rows_multiple), config.temperature, pad_id)
+    return _layout(_filled(pieces(scored, config.loss_mode), rows_multiple), config.temperature, pad_id)
 
 
-def _filled(pieces: list[_Piece], rows_multiple: int) -> list[_Piece]:
-    if not pieces:
-        return pieces
-    filler = dataclasses.replace(pieces[-1], mask=[0.0] * len(pieces[-1].mask), weight=0.0)
-    return pieces + [filler] * (-len(pieces) % rows_multiple)
+def _filled(laid: list[Piece], rows_multiple: int) -> list[Piece]:
+    if not laid:
+        return laid
+    filler = dataclasses.replace(laid[-1], mask=[0.0] * len(laid[-1].mask), weight=0.0)
+    return laid + [filler] * (-len(laid) % rows_multiple)
 
 
-def _layout(pieces: list[_Piece], temperature: float, pad_id: int = 0) -> DataProto:
+def _layout(laid: list[Piece], temperature: float, pad_id: int = 0) -> DataProto:
     # the first trainable target; a row with none (a filler) keeps its last target as a masked response
-    firsts = [next((i for i, m in enumerate(p.mask) if m), len(p.mask) - 1) for p in pieces]
-    prompts = [p.tokens[:first + 1] for p, first in zip(pieces, firsts, strict=True)]
+    firsts = [next((i for i, m in enumerate(p.mask) if m), len(p.mask) - 1) for p in laid]
+    prompts = [p.tokens[:first + 1] for p, first in zip(laid, firsts, strict=True)]
     prompt_len = max(len(x) for x in prompts)
-    response_len = max(len(p.tokens) - first for p, first in zip(pieces, firsts, strict=True))
-    n = len(pieces)
+    response_len = max(len(p.tokens) - first for p, first in zip(laid, firsts, strict=True))
+    n = len(laid)
     t = {"prompts": torch.full((n, prompt_len), pad_id), "responses": torch.full((n, response_len), pad_id),
          "response_mask": torch.zeros(n, response_len), "behaviour_log_probs": torch.zeros(n, response_len),
          "advantages": torch.zeros(n, response_len), "token_weights": torch.zeros(n, response_len),
          "attention_mask": torch.zeros(n, prompt_len + response_len, dtype=torch.long)}
-    for i, (p, first) in enumerate(zip(pieces, firsts, strict=True)):
+    for i, (p, first) in enumerate(zip(laid, firsts, strict=True)):
         prompt = prompts[i]
         t["prompts"][i, prompt_len - len(prompt):] = torch.tensor(prompt)  # left-padded, as verl's rollouts are
         # targets[first:] are the tokens after the prompt: the "response" verl scores, gaps masked out
@@ -125,9 +124,9 @@ class VerlBackend:
             workers.load_checkpoint(found / ACTOR)
         return cls(config, workers)
 
-    def update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+    def update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
         try:
-            return self._update(groups, version)
+            return self._update(scored, version)
         except WorkersLost as exc:  # a worker died: the others are stuck in the process group with it
             found = checkpoint.latest(self.config.run_dir)
             log.warning("update of version %d failed (%s); restarting the workers from %s", version + 1, exc,
@@ -135,13 +134,13 @@ class VerlBackend:
             self.workers.restart(found / ACTOR if found else None)
             raise UpdateFailed(f"the update of version {version + 1} failed and was not applied: {exc}") from exc
 
-    def _update(self, groups: list[TaskGroup], version: int) -> UpdateMetrics:
+    def _update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
         started = time.perf_counter()
         c = self.config
-        pieces = _pieces(groups, c.normalise_by_std, c.loss_mode, c.credit, c.discount)
-        if not pieces:
+        laid = pieces(scored, c.loss_mode)
+        if not laid:
             return UpdateMetrics()
-        batch = _layout(_filled(pieces, self.workers.rows_multiple * c.mini_batches), c.temperature)
+        batch = _layout(_filled(laid, self.workers.rows_multiple * c.mini_batches), c.temperature)
         t = batch.batch
         if float(t["response_mask"].sum()) == 0:
             return UpdateMetrics()
@@ -151,7 +150,7 @@ class VerlBackend:
             _scale_mini_batches(t, self.workers.world_size, c.mini_batches)
         reported = self.workers.update(batch, c.mini_batches, c.epochs)
         mask = t["response_mask"] > 0
-        stale = [version - v for g in groups for r in g.rollouts for s in r.segments
+        stale = [version - v for g in scored.groups for r in g.rollouts for s in r.segments
                  for v, m in zip(s.weight_versions[1:], s.loss_mask[1:], strict=True) if m]
         norms = reported.get("grad_norm", reported.get("actor/grad_norm", []))
         return UpdateMetrics(
@@ -159,7 +158,7 @@ class VerlBackend:
             clip_fraction=mean_of(reported.get("actor/pg_clipfrac", 0.0)),
             is_weight_mean=mean_of(reported.get("actor/is_weight_mean", 0.0)), grad_norm=mean_of(norms),
             optimizer_steps=len(norms) if isinstance(norms, list) else 1, tokens=int(mask.sum()),
-            task_groups=len(groups), staleness_mean=sum(stale) / len(stale) if stale else 0.0,
+            task_groups=len(scored.groups), staleness_mean=sum(stale) / len(stale) if stale else 0.0,
             staleness_max=float(max(stale, default=0)), seconds=time.perf_counter() - started)
 
     def stage(self, root: Path, state: TrainerState) -> Path:
