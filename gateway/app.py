@@ -18,20 +18,22 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gateway.api import harness_router
 from gateway.control import ControlLoop
-from gateway.engines import EnginePool
 from gateway.gate import Gate
-from gateway.history import RolloutHistory
 from gateway.metrics import Metrics
-from gateway.peers import OwnWrites, PeerWatch
+from gateway.own_writes import OwnWrites
+from gateway.peers import PeerWatch
+from gateway.readback import RolloutReader
 from gateway.recorder import Recorder
 from gateway.render import Renderer
 from gateway.rollouts import Rollouts
-from gateway.routes import admin, harness, ops, rollouts
+from gateway.routes import admin, ops, rollouts
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import ChatTokenizer
 from gateway.tool_parsers import parser_for
+from gateway.upstream import EnginePool
 from schemas.heap import settle
 from schemas.producer import EventProducer
 
@@ -42,8 +44,8 @@ RESTORE_WINDOW_S = 6 * 3600.0  # how far back a rollout this process does not ho
 def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Tether gateway", lifespan=_lifespan)
     app.state.settings = settings
-    app.include_router(harness.router)
-    app.include_router(harness.router, prefix="/rollouts/{rollout_id}")
+    app.include_router(harness_router)
+    app.include_router(harness_router, prefix="/rollouts/{rollout_id}")
     for router in (rollouts.router, admin.router, ops.router):
         app.include_router(router)
     return app
@@ -66,7 +68,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     prepared = time.perf_counter()
     metrics, gate = Metrics(), Gate(settings.max_hold_s)
     own = OwnWrites()
-    history = RolloutHistory(settings.bus, producer, window_s=RESTORE_WINDOW_S,
+    history = RolloutReader(settings.bus, producer, window_s=RESTORE_WINDOW_S,
                              name=f"gateway-{settings.gateway_id}-history", tips=settings.extendable_calls)
     gateway = Gateway(gateway_id=settings.gateway_id, model=model, renderer=Renderer(tokenizer),
                       parser=parser_for(settings.tool_parser), engines=engines,

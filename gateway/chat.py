@@ -114,6 +114,25 @@ class TokenUsage:
         return self.prompt_tokens + self.completion_tokens
 
 
+@dataclass
+class Started:
+    """The prompt is rendered and the call admitted: what a stream can announce before any token."""
+
+    prompt_tokens: int
+    call_id: str = ""  # what the harness names the call by (a step reward): the gateway's id of it
+
+
+@dataclass(kw_only=True)
+class Finished:
+    """The call is recorded: what the harness's answer (or a stream's last events) is made of."""
+
+    generations: list[Generation]
+    usage: TokenUsage
+    weight_version: int
+    body: bytes  # the response as JSON, as recorded
+    call_id: str = ""
+
+
 def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
     """Identity of an assistant message, blind to JSON spacing and tool call ids (harnesses rewrite both): a
     digest, short enough to record with every call (`ModelCall.turn_key`) and to keep per turn in memory."""

@@ -19,6 +19,7 @@ import asyncio
 import logging
 
 from gateway.metrics import Metrics
+from gateway.own_writes import OwnWrites
 from gateway.rollouts import Rollouts
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer, Record
@@ -27,24 +28,6 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 
 log = logging.getLogger("tether.gateway.peers")
-
-
-class OwnWrites:
-    """Where this process's calls landed on tether.calls (partition, offset), as Kafka acknowledged them; bounded
-    (a record the watcher read before its acknowledgement came is decoded instead, and its entry ages out)."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self._at: dict[tuple[int, int], None] = {}
-        self.limit = limit
-
-    def add(self, partition: int, offset: int) -> None:
-        self._at[(partition, offset)] = None
-        if len(self._at) > self.limit:
-            del self._at[next(iter(self._at))]
-
-    def pop(self, partition: int, offset: int) -> bool:
-        """Whether it was ours (forgotten then: each record is read once)."""
-        return self._at.pop((partition, offset), 0) is None
 
 
 class PeerWatch:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from gateway.api.responses.protocol import RESPONSES, stored_id
 from gateway.extends import Tip, tip
-from gateway.protocol.responses import RESPONSES, stored_id
 from schemas import topics
 from schemas.calls import MissingCall, Wholes
 from schemas.consumer import EventConsumer
@@ -85,7 +85,7 @@ def fold(rollout_id: str, history: Iterable[Event], tips: int = 4) -> Recovered 
     return state
 
 
-class RolloutHistory:
+class RolloutReader:
     """Reads one rollout's events from its partitions of tether.rollouts and tether.calls."""
 
     def __init__(self, bus: BusSettings, deadletters: EventProducer, *, window_s: float, name: str,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.errors import InvalidRequest, RecordingFailed
-from gateway.peers import OwnWrites
+from gateway.own_writes import OwnWrites
 from schemas.errors import BusError, EncodeError
 from schemas.events import ModelCall, RewardReported, RolloutSealed
 from schemas.producer import EventProducer

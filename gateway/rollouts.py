@@ -3,7 +3,7 @@
 A rollout is registered by the controller, then receives calls (each gets the
 next seq), then is sealed: sealing waits for its calls in flight, and its
 RolloutSealed event lists exactly the calls whose events Kafka acknowledged.
-This is a cache of what the log holds (`gateway.history`): a rollout this
+This is a cache of what the log holds (`gateway.readback`): a rollout this
 process does not know, or has forgotten, is restored from the log.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import RolloutAlreadySealed, RolloutNotFound
 from gateway.extends import Tip
-from gateway.history import Recovered
+from gateway.readback import Recovered
 
 
 @dataclass

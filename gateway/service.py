@@ -30,18 +30,18 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from gateway.chat import ChatRequest, Generation, TokenUsage, message_key
+from gateway.chat import ChatRequest, Finished, Generation, Started, TokenUsage, message_key
 from gateway.choices import Choices, Delta
-from gateway.engines import EnginePool
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
 from gateway.extends import Extension, extension, tip
 from gateway.gate import Gate
-from gateway.history import Recovered, RolloutHistory
 from gateway.metrics import Metrics
+from gateway.readback import Recovered, RolloutReader
 from gateway.recorder import Recorder
 from gateway.render import Renderer, own_turns
 from gateway.rollouts import Rollout, Rollouts
 from gateway.tool_parsers import ToolParser
+from gateway.upstream import EnginePool
 from schemas import events
 from schemas.errors import BusError
 
@@ -61,25 +61,6 @@ class Call:
     issued_at: float | None = None  # when the rollout's token was minted: its history starts no earlier
     #: an id under which the answer stays retrievable while the rollout is open (Responses' `store`)
     keep_as: str | None = None
-
-
-@dataclass
-class Started:
-    """The prompt is rendered and the call admitted: what a stream can announce before any token."""
-
-    prompt_tokens: int
-    call_id: str = ""  # what the harness names the call by (a step reward): the gateway's id of it
-
-
-@dataclass(kw_only=True)
-class Finished:
-    """The call is recorded: what the harness's answer (or a stream's last events) is made of."""
-
-    generations: list[Generation]
-    usage: TokenUsage
-    weight_version: int
-    body: bytes  # the response as JSON, as recorded
-    call_id: str = ""
 
 
 @dataclass(kw_only=True)
@@ -113,7 +94,7 @@ class Gateway:
 
     def __init__(self, *, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser,
                  engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics,
-                 history: RolloutHistory) -> None:
+                 history: RolloutReader) -> None:
         self.gateway_id = gateway_id
         self.model = model
         self.renderer = renderer

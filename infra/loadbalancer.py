@@ -9,7 +9,7 @@ request whose connection fails is sent to another replica (it never reached
 the dead one, so resending it cannot double a call). A request that a replica
 was serving when it died is answered 502 and retried by the harness's SDK,
 which lands on a live replica; that replica reads the rollout back from the
-log (`gateway.history`).
+log (`gateway.readback`).
 """
 
 from __future__ import annotations

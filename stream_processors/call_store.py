@@ -116,7 +116,7 @@ async def read_back(bus: BusSettings, rollout_id: str, *, first_call: int | None
         found = [r.event async for r in consumer.read_to_end(timeout_ms=100, wanted=lambda r: r.key == key)]
     finally:
         # Closed off the stream's path: under uvloop, closing TLS connections waits for a close_notify the
-        # brokers do not send (gateway.history found it).
+        # brokers do not send (gateway.readback found it).
         closing = asyncio.create_task(consumer.stop())
         _closing.add(closing)
         closing.add_done_callback(_closing.discard)

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.engines import EnginePool
 from gateway.errors import EngineFailed, InvalidRequest
 from gateway.settings import GatewaySettings
+from gateway.upstream import EnginePool
 
 
 def test_a_rollout_always_goes_to_the_same_engine_and_all_engines_are_used() -> None:

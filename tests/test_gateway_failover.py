@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.history import fold
-from gateway.peers import OwnWrites
+from gateway.own_writes import OwnWrites
+from gateway.readback import fold
 from infra.processes import free_port, stop
 from schemas.events import ModelCall, RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer

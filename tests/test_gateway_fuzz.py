@@ -25,9 +25,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from gateway.protocol.anthropic import CountTokensRequest, MessagesRequest
-from gateway.protocol.openai import ChatCompletionRequest, CompletionRequest
-from gateway.protocol.responses import ResponsesRequest
+from gateway.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from gateway.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.api.responses.protocol import ResponsesRequest
 from tests.conftest import RunningGateway
 from tests.test_gateway_openai import new_rollout
 

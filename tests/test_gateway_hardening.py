@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from gateway import serve as serve_module
-from gateway.routes.common import AnthropicRoute, OpenAIRoute
+from gateway.http.refusals import AnthropicRoute, OpenAIRoute
 from gateway.settings import DevelopmentKeysExposed, GatewaySettings
 from tests.conftest import RunningGateway
 from tests.test_gateway_openai import new_rollout

@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.api.responses.protocol import RESPONSES, Item, Response, ResponsesRequest, fold_items
 from gateway.chat import Message, ToolCall
-from gateway.history import fold
-from gateway.protocol.responses import RESPONSES, Item, Response, ResponsesRequest, fold_items
+from gateway.readback import fold
 from schemas.events import ModelCall
 from schemas.settings import BusSettings
 from tests.conftest import FINAL_REPLY, RunningEngine, RunningGateway, gateway

@@ -6,7 +6,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from gateway.routes.common import OpenAIRoute, Service, Settings, parse_body, require_admin
+from gateway.http.auth import require_admin
+from gateway.http.body import parse_body
+from gateway.http.deps import Service, Settings
+from gateway.http.refusals import OpenAIRoute
 
 router = APIRouter(prefix="/admin", route_class=OpenAIRoute, dependencies=[Depends(require_admin)])
 

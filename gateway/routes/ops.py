@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import generate_latest
 
-from gateway.routes.common import Service, Settings
+from gateway.http.deps import Service, Settings
 
 router = APIRouter()
 

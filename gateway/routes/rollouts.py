@@ -9,7 +9,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, model_validator
 
 from gateway.errors import Forbidden
-from gateway.routes.common import OpenAIRoute, Service, Settings, api_key, parse_body, require_admin
+from gateway.http.auth import api_key, require_admin
+from gateway.http.body import parse_body
+from gateway.http.deps import Service, Settings
+from gateway.http.refusals import OpenAIRoute
 from schemas.rollout_token import Claims, claims
 
 router = APIRouter(route_class=OpenAIRoute)

@@ -7,11 +7,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.chat import Generation, TokenUsage
+from gateway.api.anthropic.protocol import Message, MessagesRequest, TextBlock, ToolUseBlock, Usage
+from gateway.chat import Finished, Generation, Started, TokenUsage
 from gateway.choices import Delta
 from gateway.errors import GatewayError
-from gateway.protocol.anthropic import Message, MessagesRequest, TextBlock, ToolUseBlock, Usage
-from gateway.service import Finished, Started
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 

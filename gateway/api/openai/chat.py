@@ -8,10 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from gateway.chat import Generation, TokenUsage
-from gateway.choices import Delta
-from gateway.errors import GatewayError
-from gateway.protocol.openai import (
+from gateway.api.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -23,7 +20,9 @@ from gateway.protocol.openai import (
     TopLogprob,
     Usage,
 )
-from gateway.service import Finished, Started
+from gateway.chat import Finished, Generation, Started, TokenUsage
+from gateway.choices import Delta
+from gateway.errors import GatewayError
 
 Decode = Callable[[int], str]
 

@@ -8,11 +8,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from gateway.chat import Generation, TokenUsage
+from gateway.api.openai.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
+from gateway.chat import Finished, Generation, Started, TokenUsage
 from gateway.choices import Delta
 from gateway.errors import GatewayError
-from gateway.protocol.openai import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
-from gateway.service import Finished, Started
 
 
 class Responder:

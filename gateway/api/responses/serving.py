@@ -15,11 +15,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.chat import Generation, TokenUsage
+from gateway.api.responses.protocol import (
+    FunctionCallItem,
+    OutputMessage,
+    OutputText,
+    Response,
+    ResponsesRequest,
+    Usage,
+)
+from gateway.chat import Finished, Generation, Started, TokenUsage
 from gateway.choices import Delta
 from gateway.errors import GatewayError
-from gateway.protocol.responses import FunctionCallItem, OutputMessage, OutputText, Response, ResponsesRequest, Usage
-from gateway.service import Finished, Started
 
 
 class Responder:
