@@ -264,9 +264,9 @@ class Trainer:
         state = run.state
         version = state.version + 1
         started = time.monotonic()
-        chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance,
-                        self.config.advantage)
-        scored = ScoredGroups.of(chosen.groups, self.config.advantage)  # once: trained on and published alike
+        recipe = self.config.advantage
+        chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance, recipe)
+        scored = ScoredGroups.of(chosen.groups, recipe)  # once: trained on and published alike
         await run.producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
                                                    n_task_groups=len(chosen.groups)))
         await self._wait_drained(run.producer, version)
