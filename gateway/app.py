@@ -69,7 +69,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     metrics, gate = Metrics(), Gate(settings.max_hold_s)
     own = OwnWrites()
     history = RolloutReader(settings.bus, producer, window_s=RESTORE_WINDOW_S,
-                             name=f"gateway-{settings.gateway_id}-history", tips=settings.extendable_calls)
+                            name=f"gateway-{settings.gateway_id}-history", tips=settings.extendable_calls)
     gateway = Gateway(gateway_id=settings.gateway_id, model=model, renderer=Renderer(tokenizer),
                       parser=parser_for(settings.tool_parser), engines=engines,
                       recorder=Recorder(producer, own), rollouts=Rollouts(max_tips=settings.extendable_calls),

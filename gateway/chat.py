@@ -2,9 +2,10 @@
 
 OpenAI chat completions and Anthropic messages both become a `ChatRequest`;
 every generation comes back as `Generation`s (and the call's `TokenUsage`)
-that each protocol module turns into its own response. `message_key` is how
-an assistant message a harness sends back is recognised as one the model
-produced.
+that each protocol module turns into its own response; a call reports its
+progress to the answer writers as `Started` and `Finished` (a stream's text
+in between is `choices.Delta`). `message_key` is how an assistant message a
+harness sends back is recognised as one the model produced.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ async def responses(request: Request, rollout: BoundRollout, gateway: Service, s
     earlier = await _conversation(gateway, rollout, parsed.previous_response_id)
     answer = Responder(parsed)
     return await serve(gateway, rollout, RESPONSES, raw, parsed, answer, chat=parsed.to_chat(earlier),
-                        keep_as=answer.id if parsed.store else None)
+                       keep_as=answer.id if parsed.store else None)
 
 
 @router.get("/v1/responses/{response_id}")
