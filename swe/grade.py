@@ -15,10 +15,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swe import canaries
 from swe.build import Instance, is_test_file
 from swe.errors import SweError
 from swe.sources import commit_tree
@@ -37,7 +37,10 @@ class Grade:
     failed_tests: list[str] = field(default_factory=list)
     taken: list[str] = field(default_factory=list)  # the change's files graded
     dropped: dict[str, str] = field(default_factory=dict)  # file → why it was not taken
-    isolated: bool = False
+    isolated: bool = False  # the graded run had no network
+    hidden: bool = False  # the graded run saw the task's folder (clean tree, private data) empty
+    tampered: str | None = None  # evidence that the graded run's verdicts were forged (a canary gave it away)
+    refused: str | None = None  # why the change was not graded at all
 
 
 def checkout(instance: Instance, base: Path, to: Path) -> Path:
@@ -53,7 +56,9 @@ def checkout(instance: Instance, base: Path, to: Path) -> Path:
     return commit_tree(to, f"{instance.package}")
 
 
-def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float) -> Grade:
+def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float, unhidden_ok: bool = False) -> Grade:
+    """The rollout's change in `workdir`, graded. `unhidden_ok`: grade even where the task's folder cannot be hidden
+    from the graded run (no mount namespace here); otherwise that is reward 0, `refused` saying why."""
     tests = [*instance.fail_to_pass, *instance.pass_to_pass]
     link = _link_on_the_way(workdir)
     if link is not None:  # the working copy swapped for a link: to the clean tree, say, which the agent can name
@@ -61,20 +66,31 @@ def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float) ->
             str(workdir): f"the working copy is reached through a symbolic link ({link}): not graded"})
     with tempfile.TemporaryDirectory(prefix="tether-swe-grade-") as scratch:
         reference = checkout(instance, base, Path(scratch) / "reference")
-        taken, dropped = _change(reference, workdir)
+        try:
+            taken, dropped = _change(reference, workdir)
+        except (OSError, ValueError, RecursionError) as exc:  # whatever the agent left must not crash the grader
+            return Grade(reward=0.0, passed=0.0, failed_tests=tests, refused=f"the change cannot be read: {exc!r}")
         graded = Path(shutil.copytree(reference, Path(scratch) / "graded", symlinks=True))  # the buggy tree, again
-        for path, text in taken.items():
+        for path, data in taken.items():
             target = graded / path
-            if text is None:
+            if data is None:
                 target.unlink(missing_ok=True)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
-        report = run_tests(graded, timeout_s=timeout_s, tests=tests)
+                target.write_bytes(data)
+        planted = canaries.plant(graded, instance.fail_to_pass)
+        # the task's folder (its clean tree, the private instances) is empty to the run: it can neither read the
+        # gold patch nor poison the tree every later grading copies
+        report = run_tests(graded, timeout_s=timeout_s, tests=[*tests, *planted.tests], hide=[base.parent],
+                           unhidden_ok=unhidden_ok)
     failed = [t for t in tests if not report.outcome(t)]
     passed = (len(tests) - len(failed)) / len(tests)
-    return Grade(reward=1.0 if not failed else 0.0, passed=passed, failed_tests=failed, taken=sorted(taken),
-                 dropped=dropped, isolated=report.isolated)
+    tampered = planted.forged(report)
+    refused = ("the task's folder cannot be hidden from the graded run here (no mount namespace); "
+               "`--unhidden-ok` grades anyway") if report.refused else None
+    return Grade(reward=1.0 if not failed and tampered is None and refused is None else 0.0, passed=passed,
+                 failed_tests=failed, taken=sorted(taken), dropped=dropped, isolated=report.isolated,
+                 hidden=report.hidden, tampered=tampered, refused=refused)
 
 
 def _link_on_the_way(workdir: Path) -> Path | None:
@@ -86,25 +102,26 @@ def _link_on_the_way(workdir: Path) -> Path | None:
     return None
 
 
-def _change(reference: Path, workdir: Path) -> tuple[dict[str, str | None], dict[str, str]]:
-    """The library source files the rollout changed (new text, or None when deleted), and the others it touched
+def _change(reference: Path, workdir: Path) -> tuple[dict[str, bytes | None], dict[str, str]]:
+    """The library source files the rollout changed (new bytes, or None when deleted), and the others it touched
     with why they are not taken."""
-    before, after = dict(_files(reference)), dict(_files(workdir))
-    taken: dict[str, str | None] = {}
-    dropped = {str(p.relative_to(workdir)): "a symbolic link" for p in workdir.rglob("*") if p.is_symlink()}
+    before, _ = walk(reference)
+    after, dropped = walk(workdir)
+    packages = library_packages(before)
+    taken: dict[str, bytes | None] = {}
     for path in sorted(before.keys() | after.keys()):
         old, new = before.get(path), after.get(path)
         if old == new or path in dropped:
             continue
-        reason = _refusal(Path(path), old, new)
+        reason = _refusal(Path(path), old, new, packages)
         if reason is not None:
             dropped[path] = reason
         else:
-            taken[path] = None if new is None else new.decode()
+            taken[path] = new
     return taken, dropped
 
 
-def _refusal(path: Path, old: bytes | None, new: bytes | None) -> str | None:
+def _refusal(path: Path, old: bytes | None, new: bytes | None, packages: frozenset[Path]) -> str | None:
     """Why a changed file is not graded, or None to take it."""
     if path.name in HOOKS:
         return "test or interpreter settings"
@@ -114,9 +131,19 @@ def _refusal(path: Path, old: bytes | None, new: bytes | None) -> str | None:
         return "a test file: the original tests are graded"
     if path.suffix != ".py":
         return "not a Python source file"
+    if old is None and path.parent not in packages:
+        return ("a new module outside the library's packages: it could shadow a module the tests or the tools "
+                "import")
     if new is not None and _always_equal(new) > _always_equal(old):
         return "it adds an equality operator or mock.ANY: an injected bug is fixed without new ones"
     return None
+
+
+def library_packages(files: dict[str, bytes]) -> frozenset[Path]:
+    """The folders of the clean tree that are the library's packages: they hold an `__init__.py` and no tests. A
+    fix may add modules there, and nowhere else."""
+    return frozenset(Path(path).parent for path in files
+                     if Path(path).name == "__init__.py" and not is_test_file(Path(path)))
 
 
 #: what makes an object equal to anything: a fix of a one-place bug needs none that the file did not have
@@ -127,9 +154,42 @@ def _always_equal(source: bytes | None) -> int:
     return sum((source or b"").count(token) for token in ALWAYS_EQUAL)
 
 
-def _files(root: Path) -> Iterator[tuple[str, bytes]]:
-    for path in root.rglob("*"):
-        relative = path.relative_to(root)
-        if path.is_file() and not path.is_symlink() and not IGNORED_PARTS & set(relative.parts) \
-                and path.suffix != ".pyc":
-            yield str(relative), path.read_bytes()
+#: how deep and how much of a working copy is read: a fix needs neither more folders nor more bytes
+MAX_DEPTH, MAX_FILE_BYTES = 64, 8 * 1024 * 1024
+
+
+def walk(root: Path) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Every regular file under `root` (relative path → bytes), and what was passed over with why: links, files
+    too large, folders too deep, what cannot be read. Iterative and bounded: no tree an agent can make crashes it
+    (a recursive walk fails on a deep one), and nothing is decoded here."""
+    files: dict[str, bytes] = {}
+    skipped: dict[str, str] = {}
+    stack: list[tuple[Path, int]] = [(root, 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            skipped[str(folder.relative_to(root))] = f"cannot be read: {exc.strerror or exc}"
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            relative = str(path.relative_to(root))
+            if entry.name in IGNORED_PARTS:
+                continue
+            try:
+                if entry.is_symlink():
+                    skipped[relative] = "a symbolic link"
+                elif entry.is_dir(follow_symlinks=False):
+                    if depth + 1 >= MAX_DEPTH:
+                        skipped[relative] = f"a folder more than {MAX_DEPTH} levels deep"
+                    else:
+                        stack.append((path, depth + 1))
+                elif entry.is_file(follow_symlinks=False) and path.suffix != ".pyc":
+                    if entry.stat(follow_symlinks=False).st_size > MAX_FILE_BYTES:
+                        skipped[relative] = f"over {MAX_FILE_BYTES} bytes"
+                    else:
+                        files[relative] = path.read_bytes()
+            except OSError as exc:
+                skipped[relative] = f"cannot be read: {exc.strerror or exc}"
+    return files, skipped

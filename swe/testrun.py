@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 from infra.processes import children_of
+from swe.isolate import hiding
 
 #: pytest's own plugins only: the project's plugins (asyncio, hypothesis, ...) are not the package's
 BASE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
@@ -36,6 +37,8 @@ class TestReport:
     skipped: frozenset[str] = frozenset()
     timed_out: bool = False
     isolated: bool = False  # ran without network
+    hidden: bool = False  # ran with the folders it was asked to hide empty
+    refused: bool = False  # not run: the folders could not be hidden
 
     def outcome(self, test: str) -> bool:
         """Whether `test` passed: reported as passed, not merely absent from the failures."""
@@ -60,14 +63,22 @@ def network_isolation() -> list[str]:
     return []
 
 
-def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python: str = sys.executable
-              ) -> TestReport:
-    """pytest over `tests` (node ids; all when empty) with `repo` as the working folder and first on the path."""
+def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python: str = sys.executable,
+              hide: Sequence[Path] = (), unhidden_ok: bool = False) -> TestReport:
+    """pytest over `tests` (node ids; all when empty) with `repo` as the working folder and first on the path.
+    `hide`: folders the run must see empty (a tmpfs over each, in a mount namespace of its own). Where no such
+    namespace can be made the run does not happen and every test counts as failed, unless `unhidden_ok`
+    (`hidden` says which it was)."""
     isolation = network_isolation()
     with tempfile.TemporaryDirectory(prefix="tether-swe-report-") as private:
         report = Path(private) / f"{os.urandom(16).hex()}.xml"
         command = [*isolation, python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tb=short",
                    f"--junitxml={report}", *tests]
+        hidden = hiding(hide, command) if hide else None
+        if hide and hidden is None and not unhidden_ok:
+            return TestReport(frozenset(), {t: "not run: no mount namespace to hide the task's data" for t
+                                            in tests}, isolated=bool(isolation), refused=True)
+        command = hidden or command
         env = {**_clean_environment(), **BASE_ENV, "PYTHONPATH": os.pathsep.join(map(str, import_roots(repo)))}
         try:
             subprocess.run(command, cwd=repo, env=env, capture_output=True, timeout=timeout_s, check=False)
@@ -77,7 +88,8 @@ def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python
         found = read_junit(report) if report.exists() else TestReport(frozenset())
     missing = {t: "did not run" for t in tests if t not in found.passed and t not in found.failed
                and t not in found.skipped}
-    return TestReport(found.passed, {**found.failed, **missing}, found.skipped, isolated=bool(isolation))
+    return TestReport(found.passed, {**found.failed, **missing}, found.skipped, isolated=bool(isolation),
+                      hidden=hidden is not None)
 
 
 @contextlib.contextmanager

@@ -75,6 +75,9 @@ def swe_grade(
     workdir: Annotated[Path, typer.Option(help="The rollout's working copy, as the agent left it.")],
     tasks: Annotated[Path, typer.Option(help="A `tether swe build` folder.")] = Path(".tether/swe/tasks"),
     timeout_s: Annotated[float, typer.Option(min=1, help="Time limit of the graded test run.")] = 300.0,
+    unhidden_ok: Annotated[bool, typer.Option(help="Grade even where the tasks folder cannot be hidden from the "
+                                                   "graded run (no mount namespace): its code could read the "
+                                                   "private data and write the clean tree.")] = False,
 ) -> None:
     """Grade the change in WORKDIR in a fresh copy of the buggy tree; prints one JSON line with `reward` (a
     run's reward command)."""
@@ -90,7 +93,7 @@ def swe_grade(
         fail(f"--workdir: {workdir} is not a folder", 2)
     try:
         with no_leftovers():
-            result = grade(instance, base, workdir, timeout_s=timeout_s)
+            result = grade(instance, base, workdir, timeout_s=timeout_s, unhidden_ok=unhidden_ok)
     except SweError as exc:
         fail(str(exc))
     print(json.dumps(dataclasses.asdict(result)))
