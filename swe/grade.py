@@ -1,12 +1,15 @@
 """`tether swe grade`: a rollout's change, graded where it cannot have reached (docs/architecture.md, "Coding tasks").
 
 The change is the difference between the rollout's folder and the buggy tree
-rebuilt from the task's own data (never the folder's git history). Only
-library source files are taken: tests, test settings, interpreter hooks and
-anything else are dropped and reported. Grading runs in a fresh copy of the
-buggy tree, the original tests untouched, with the tests' results read from
-pytest's own report (`swe.testrun`). Reward 1 only if every FAIL_TO_PASS and
-PASS_TO_PASS test passes; the fraction that did is recorded too.
+rebuilt from the task's own data (never the folder's git history), read as
+bytes by a bounded walk that no tree can crash. Only library source files are
+taken (changed ones, and new modules inside the library's packages): tests,
+test settings, interpreter hooks and anything else are dropped and reported.
+Grading runs in a fresh copy of the buggy tree, the original tests untouched
+plus canaries that must fail (`swe.canaries`), with the tasks folder hidden
+from the run and the results read from pytest's own report (`swe.testrun`).
+Reward 1 only if every FAIL_TO_PASS and PASS_TO_PASS test passes and no
+canary did; the fraction that passed is recorded too.
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ def _always_equal(source: bytes | None) -> int:
 
 
 #: how deep and how much of a working copy is read: a fix needs neither more folders nor more bytes
-MAX_DEPTH, MAX_FILE_BYTES = 64, 8 * 1024 * 1024
+MAX_DEPTH, MAX_FILE_BYTES, MAX_TOTAL_BYTES = 64, 8 * 1024 * 1024, 256 * 1024 * 1024
 
 
 def walk(root: Path) -> tuple[dict[str, bytes], dict[str, str]]:
@@ -165,6 +168,7 @@ def walk(root: Path) -> tuple[dict[str, bytes], dict[str, str]]:
     files: dict[str, bytes] = {}
     skipped: dict[str, str] = {}
     stack: list[tuple[Path, int]] = [(root, 0)]
+    total = 0
     while stack:
         folder, depth = stack.pop()
         try:
@@ -186,10 +190,14 @@ def walk(root: Path) -> tuple[dict[str, bytes], dict[str, str]]:
                     else:
                         stack.append((path, depth + 1))
                 elif entry.is_file(follow_symlinks=False) and path.suffix != ".pyc":
-                    if entry.stat(follow_symlinks=False).st_size > MAX_FILE_BYTES:
+                    size = entry.stat(follow_symlinks=False).st_size
+                    if size > MAX_FILE_BYTES:
                         skipped[relative] = f"over {MAX_FILE_BYTES} bytes"
+                    elif total + size > MAX_TOTAL_BYTES:
+                        skipped[relative] = f"past the first {MAX_TOTAL_BYTES} bytes of the working copy"
                     else:
                         files[relative] = path.read_bytes()
+                        total += size
             except OSError as exc:
                 skipped[relative] = f"cannot be read: {exc.strerror or exc}"
     return files, skipped

@@ -395,3 +395,31 @@ except OSError:
         assert untouched["reward"] == 0.0, untouched
     finally:
         poison.unlink(missing_ok=True)  # the session's other tests share the tasks folder
+
+
+def test_the_walk_reads_bytes_and_passes_over_links_depth_and_size(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grader's reading of a working copy, alone: what it takes as bytes, and each thing it passes over."""
+    from swe import grade
+
+    monkeypatch.setattr(grade, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(grade, "MAX_TOTAL_BYTES", 150)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "latin.py").write_bytes(b"# caf\xe9\n")
+    (tmp_path / "pkg" / "big.py").write_bytes(b"x" * 101)
+    (tmp_path / "pkg" / "link.py").symlink_to(tmp_path / "pkg" / "latin.py")
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "cached.py").write_text("")
+    deep = tmp_path / "pkg"
+    for _ in range(grade.MAX_DEPTH + 2):
+        deep = deep / "d"
+        deep.mkdir()
+    for name in ("a.py", "b.py"):  # 90 bytes each: the second is past the copy's 150
+        (tmp_path / name).write_bytes(b"y" * 90)
+    files, skipped = grade.walk(tmp_path)
+    assert files["pkg/latin.py"] == b"# caf\xe9\n"
+    assert skipped["pkg/big.py"] == "over 100 bytes" and skipped["pkg/link.py"] == "a symbolic link"
+    assert any("levels deep" in why for why in skipped.values())
+    assert sum(name in files for name in ("a.py", "b.py")) == 1
+    assert any("past the first 150 bytes" in why for why in skipped.values())
+    assert not any("__pycache__" in name for name in [*files, *skipped])
