@@ -79,6 +79,7 @@ bench: setup harnesses
 	$(BIN)/python bench/episode_scaling.py
 	$(BIN)/python bench/token_encoding.py
 	$(BIN)/python bench/faust_floor.py
+	$(BIN)/python bench/swe_grading.py
 
 lock: setup
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock

@@ -1,0 +1,108 @@
+"""What `tether swe grade` costs per rollout, and that it gives every built task's honest fix 1 and an unchanged
+copy 0, never `tampered`.
+
+    .venv/bin/python bench/swe_grading.py [--package toolz==1.2.0] [--candidates 8] [--runs 3] [--against REV]
+
+Builds the package's tasks (or takes `--tasks DIR`), then grades each task's
+gold fix and an unchanged copy through the CLI, as a run's reward command
+does, `--runs` times each. With `--against REV` the same gradings run side by
+side with the grader of that git revision (a worktree of it), so the table
+shows before and after in one run. Writes bench/results/swe_grading.png.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from swe.build import Instance, build, load_instances
+from swe.grade import checkout
+
+from _shared import arguments, pyplot, save
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def graded(code: Path, tasks: Path, instance: Instance, work: Path, fixed: bool) -> tuple[float, dict[str, object]]:
+    """One grading through the CLI of the tree at `code`: its seconds (start included) and its JSON line."""
+    checkout(instance, tasks / "base", work)
+    if fixed:
+        subprocess.run(["git", "apply", "-"], input=instance.gold_patch, text=True, cwd=work, check=True)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tether.cli", "swe", "grade", "--tasks", str(tasks), "--id",
+                           instance.id, "--workdir", str(work)], cwd=code, capture_output=True, text=True,
+                          timeout=900)
+    seconds = time.perf_counter() - started
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seconds, result
+
+
+def main() -> None:
+    parser = arguments(__doc__, "swe_grading.png")
+    parser.add_argument("--package", default="toolz==1.2.0")
+    parser.add_argument("--candidates", type=int, default=8)
+    parser.add_argument("--tasks", type=Path, help="a `tether swe build` folder (default: build one)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--against", help="a git revision whose grader runs side by side")
+    args = parser.parse_args()
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="tether-bench-swe-") as scratch:
+        tasks = args.tasks
+        if tasks is None:
+            tasks = Path(scratch) / "tasks"
+            with console.status(f"building {args.package} ({args.candidates} candidates)"):
+                build(args.package, tasks, cache=ROOT / ".tether" / "swe" / "sdists", max_candidates=args.candidates,
+                      max_failing=20, seed=1, timeout_s=300, say=lambda line: None)
+        codes = {"now": ROOT}
+        if args.against:
+            codes[args.against] = Path(scratch) / "against"
+            subprocess.run(["git", "worktree", "add", "--detach", str(codes[args.against]), args.against], cwd=ROOT,
+                           check=True, capture_output=True)
+        instances = list(load_instances(tasks / "private" / "instances.jsonl").values())
+        seconds: dict[str, list[float]] = {name: [] for name in codes}
+        wrong: list[str] = []
+        try:
+            for n, instance in enumerate(instances):
+                for run in range(args.runs):
+                    for name, code in codes.items():
+                        for fixed in (True, False):
+                            work = Path(scratch) / f"{name}-{n}-{run}-{fixed}" / "work"
+                            took, result = graded(code, tasks, instance, work, fixed)
+                            seconds[name].append(took)
+                            if result["reward"] != (1.0 if fixed else 0.0) or result.get("tampered"):
+                                wrong.append(f"{name} {instance.id} {'fixed' if fixed else 'unchanged'}: {result}")
+                console.print(f"{n + 1}/{len(instances)} tasks graded", highlight=False)
+        finally:
+            if args.against:
+                subprocess.run(["git", "worktree", "remove", "--force", str(codes[args.against])], cwd=ROOT,
+                               capture_output=True)
+    table = Table(title=f"tether swe grade on {len(instances)} {args.package} tasks, {args.runs} runs each "
+                        "(fixed and unchanged)")
+    for column in ("grader", "gradings", "median s", "p90 s", "max s"):
+        table.add_column(column)
+    for name, values in seconds.items():
+        ordered = sorted(values)
+        table.add_row(name, str(len(values)), f"{statistics.median(values):.2f}",
+                      f"{ordered[int(0.9 * (len(ordered) - 1))]:.2f}", f"{ordered[-1]:.2f}")
+    console.print(table)
+    console.print(f"wrong verdicts: {len(wrong)}", highlight=False)
+    for line in wrong:
+        console.print(line, highlight=False)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.boxplot(list(seconds.values()), tick_labels=list(seconds))
+    ax.set_ylabel("seconds per grading (CLI start included)")
+    ax.set_title(f"tether swe grade, {args.package}")
+    save(fig, args.out, console)
+
+
+if __name__ == "__main__":
+    main()
