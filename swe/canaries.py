@@ -7,8 +7,8 @@ Two kinds, both appended to the failing tests' own files:
   patched from the package, a plugin registered from inside the run, the
   report rewritten at exit from the list of tests asked for) flips them with
   the rest.
-- **Twins** of the FAIL_TO_PASS tests: each module-level failing test's own
-  source again under a new name. An honest run gives a test and its twin the
+- **Twins** of the FAIL_TO_PASS tests: each failing test's own source again
+  under a new name (a method's in a new subclass of its class). An honest run gives a test and its twin the
   same verdict. A forgery that flips only the tests it can name (the visible
   ids) leaves the twin's real verdict beside the forged one.
 
@@ -80,26 +80,44 @@ def plant(repo: Path, fail_to_pass: list[str]) -> Planted:
 
 
 def _twins(source: str, tests: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The sources to append: each module-level test function among `tests` once, decorators included, under a
-    new name; and each test's twin (its node id, the original's parameters kept). Methods of classes get none."""
-    functions = {node.name: node for node in ast.parse(source).body
-                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    """The sources to append, and each test's twin (its node id, the original's parameters kept).
+
+    A module-level test function is appended once more under a new name, decorators included. A test method
+    goes into a new subclass of its class (fixtures and set-up inherited), renamed likewise; only the twins are
+    asked for, so the subclass's inherited tests do not run. Nested classes get no twin."""
+    tree = ast.parse(source).body
+    functions = {node.name: node for node in tree if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    classes = {node.name: node for node in tree if isinstance(node, ast.ClassDef)}
     lines = source.splitlines(keepends=True)
-    renamed: dict[str, str] = {}  # original function → twin function
+    renamed: dict[tuple[str, ...], str] = {}  # (class, function) or (function,) → the twin's name
+    methods: dict[str, list[str]] = {}  # class → its twin methods' sources
+    subclass: dict[str, str] = {}  # class → its twin class's name
     texts: list[str] = []
     twins: dict[str, str] = {}
     for test in tests:
         parts = test.split("::")
         function, bracket, params = parts[-1].partition("[")
-        node = functions.get(function) if len(parts) == 2 else None
+        owner = classes.get(parts[1]) if len(parts) == 3 else None
+        scope = {n.name: n for n in owner.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)} \
+            if owner is not None else functions if len(parts) == 2 else {}
+        node = scope.get(function)
         if node is None or node.end_lineno is None:
             continue
-        if function not in renamed:
-            renamed[function] = _name()
+        key = (*parts[1:-1], function)
+        if key not in renamed:
+            renamed[key] = _name()
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            text = "".join(lines[first - 1:node.end_lineno])
-            texts.append(text.replace(f"def {function}(", f"def {renamed[function]}(", 1))
-        twins[test] = f"{parts[0]}::{renamed[function]}{bracket}{params}"
+            text = "".join(lines[first - 1:node.end_lineno]).replace(f"def {function}(", f"def {renamed[key]}(", 1)
+            if owner is None:
+                texts.append(text)
+            else:
+                methods.setdefault(owner.name, []).append(text)
+        if owner is None:
+            twins[test] = f"{parts[0]}::{renamed[key]}{bracket}{params}"
+        else:
+            twin_class = subclass.setdefault(owner.name, f"Test{secrets.token_hex(8)}")  # collected as `Test*`
+            twins[test] = f"{parts[0]}::{twin_class}::{renamed[key]}{bracket}{params}"
+    texts += [f"class {subclass[name]}({name}):\n" + "".join(bodies) for name, bodies in methods.items()]
     return texts, twins
 
 

@@ -501,3 +501,29 @@ def test_every_built_task_s_honest_fix_scores_1_and_no_change_0(toolz_tasks: Pat
             result = json.loads(done.stdout.strip().splitlines()[-1])
             assert result["tampered"] is None and result["refused"] is None, (instance.id, label, result)
             assert result["reward"] == (1.0 if change is not None else 0.0), (instance.id, label, result)
+
+
+def test_twins_of_functions_and_methods_run_as_their_originals(tmp_path: Path) -> None:
+    """Planted into a small test file: each twin has a new name, runs the original's body (its class's fixtures
+    and set-up inherited), and gets the original's verdict; the must-fail canaries fail."""
+    from swe import canaries
+    from swe.testrun import run_tests
+
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_even(n):\n    assert n % 2 == 0\n\n\n"
+        "class TestThing:\n    def setup_method(self):\n        self.base = 10\n\n"
+        "    def test_base(self):\n        assert self.base == 10\n\n    def test_wrong(self):\n"
+        "        assert self.base == 11\n")
+    tests = ["test_sample.py::test_even[1]", "test_sample.py::test_even[2]", "test_sample.py::TestThing::test_base",
+             "test_sample.py::TestThing::test_wrong"]
+    planted = canaries.plant(tmp_path, tests)
+    assert set(planted.twins) == set(tests) and len(set(planted.twins.values())) == 4
+    assert all(twin.split("::")[-1].split("[")[0] not in {"test_even", "test_base", "test_wrong"}
+               for twin in planted.twins.values())
+    report = run_tests(tmp_path, timeout_s=120, tests=[*tests, *planted.tests])
+    assert {t: report.outcome(t) for t in tests} == {"test_sample.py::test_even[1]": False,
+                                                     "test_sample.py::test_even[2]": True,
+                                                     "test_sample.py::TestThing::test_base": True,
+                                                     "test_sample.py::TestThing::test_wrong": False}
+    assert all(report.outcome(twin) == report.outcome(test) for test, twin in planted.twins.items())
+    assert not any(report.outcome(t) for t in planted.must_fail) and planted.forged(report) is None
