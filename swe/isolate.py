@@ -9,8 +9,12 @@ the gateway.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -49,3 +53,41 @@ def hiding(hidden: Sequence[Path], command: Sequence[str], *, alone: bool = Fals
         return None
     return [found, "-rm", "sh", "-c", SCRIPT, "sh", found, "1" if alone else "0",
             *(str(p.resolve()) for p in hidden), "--", *command]
+
+
+#: the graded run's filesystem is made by this script, run before anything graded (its docstring says how)
+JAIL = Path(__file__).with_name("jail.py")
+
+
+def jailed(command: Sequence[str], *, writable: Sequence[Path], hide: Sequence[Path],
+           python: str = sys.executable) -> list[str] | None:
+    """The argv that runs `command` in `writable[0]` with every mount read-only but `writable`, the `hide`
+    folders and the places anyone may write (`/tmp`, the home folder, ...) empty and private to it; or None where
+    no namespaces can be made here (`jail_works`)."""
+    found = unshare()
+    if found is None or not jail_works(python):
+        return None
+    return [found, "-rm", *_jail_argv(python, writable, hide), found, "-rm", *command]
+
+
+def _jail_argv(python: str, writable: Sequence[Path], hide: Sequence[Path]) -> list[str]:
+    interpreter = Path(os.path.realpath(python))
+    needed = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, str(interpreter.parent.parent),
+                     str(Path(python).absolute().parent.parent), str(JAIL.parent.parent)})
+    spec = {"writable": [str(p.resolve()) for p in writable], "hide": [str(p.resolve()) for p in hide],
+            "keep": needed, "read_only": needed, "home": os.path.expanduser("~")}
+    return [python, "-I", "-S", str(JAIL), json.dumps(spec), "--"]
+
+
+@cache
+def jail_works(python: str = sys.executable) -> bool:
+    """Whether the jail can be made here: it needs user and mount namespaces and mounts inside them."""
+    found = unshare()
+    if found is None:
+        return False
+    try:
+        with tempfile.TemporaryDirectory(prefix="tether-jail-probe-") as folder:
+            probe = [found, "-rm", *_jail_argv(python, [Path(folder)], []), "/bin/sh", "-c", "true"]
+            return subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False

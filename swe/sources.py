@@ -6,6 +6,7 @@ cached), so the tests are the ones its maintainers ship.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,18 @@ from swe.errors import SourceError
 #: the identity of every commit the pipeline makes: the same bytes on every machine
 GIT_IDENTITY = ["-c", "user.name=tether", "-c", "user.email=tether@localhost", "-c", "commit.gpgsign=false",
                 "-c", "init.defaultBranch=main"]
+#: git as the grader runs it on folders an agent wrote: no hooks, no configuration from the user's home or the
+#: system (a graded run once wrote a hooks path into the home folder), no filters or fsmonitor the tree can name
+GIT_SAFE = ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "protocol.allow=never"]
+
+
+def git_environment() -> dict[str, str]:
+    """The environment git runs in: this one without any GIT_* settings, with the global and system configuration
+    files ignored."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
+            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
 JUNK = ("*.egg-info", "PKG-INFO", "__pycache__", ".pytest_cache")
 
 
@@ -63,7 +76,8 @@ def commit_tree(folder: Path, message: str) -> Path:
 
 
 def git(folder: Path, *args: str) -> str:
-    done = subprocess.run(["git", *GIT_IDENTITY, *args], cwd=folder, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(["git", *GIT_SAFE, *GIT_IDENTITY, *args], cwd=folder, capture_output=True, text=True,
+                          timeout=120, env=git_environment())
     if done.returncode != 0:
         raise SourceError(f"git {' '.join(args)} in {folder}: {done.stderr.strip()[-500:]}")
     return done.stdout

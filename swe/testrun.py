@@ -14,18 +14,21 @@ import ctypes
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from infra.processes import children_of
-from swe.isolate import hiding
+from swe.isolate import jailed
 
+#: where Tether's own modules are imported from (its plugins join a clean tree's test run at build time)
+TETHER_ROOT = Path(__file__).resolve().parent.parent
 #: pytest's own plugins only: the project's plugins (asyncio, hypothesis, ...) are not the package's
 BASE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 
@@ -39,6 +42,7 @@ class TestReport:
     isolated: bool = False  # ran without network
     hidden: bool = False  # ran with the folders it was asked to hide empty
     refused: bool = False  # not run: the folders could not be hidden
+    unreadable: str | None = None  # why the report, there, could not be read (not a file, too large, not XML)
 
     def outcome(self, test: str) -> bool:
         """Whether `test` passed: reported as passed, not merely absent from the failures."""
@@ -64,32 +68,40 @@ def network_isolation() -> list[str]:
 
 
 def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python: str = sys.executable,
-              hide: Sequence[Path] = (), unhidden_ok: bool = False) -> TestReport:
+              hide: Sequence[Path] = (), unhidden_ok: bool = False, plugins: Sequence[str] = (),
+              env: Mapping[str, str] | None = None) -> TestReport:
     """pytest over `tests` (node ids; all when empty) with `repo` as the working folder and first on the path.
-    `hide`: folders the run must see empty (a tmpfs over each, in a mount namespace of its own). Where no such
-    namespace can be made the run does not happen and every test counts as failed, unless `unhidden_ok`
-    (`hidden` says which it was)."""
+    `hide`: folders the run must see empty. Given any, the run is jailed (`swe.jail`): every mount read-only but
+    `repo` and the report's folder, those folders, the temporary folders and the home folder empty and private
+    to it. Where no jail can be made the run does not happen and every test counts as failed, unless
+    `unhidden_ok` (`hidden` says which it was). Either way the run's home folder is a fresh empty one.
+    `plugins`: Tether's own pytest plugins to load (build time, on a clean tree: Tether joins the path after
+    the tree), with `env` set for them."""
     isolation = network_isolation()
     with tempfile.TemporaryDirectory(prefix="tether-swe-report-") as private:
         report = Path(private) / f"{os.urandom(16).hex()}.xml"
+        home = Path(private) / "home"
+        home.mkdir()
         command = [*isolation, python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tb=short",
-                   f"--junitxml={report}", *tests]
-        hidden = hiding(hide, command) if hide else None
+                   f"--junitxml={report}", *(a for p in plugins for a in ("-p", p)), *tests]
+        hidden = jailed(command, writable=[repo, Path(private)], hide=hide, python=python) if hide else None
         if hide and hidden is None and not unhidden_ok:
             return TestReport(frozenset(), {t: "not run: no mount namespace to hide the task's data" for t
                                             in tests}, isolated=bool(isolation), refused=True)
         command = hidden or command
-        env = {**_clean_environment(), **BASE_ENV, "PYTHONPATH": os.pathsep.join(map(str, import_roots(repo)))}
+        roots = [*import_roots(repo), *([TETHER_ROOT] if plugins else [])]
+        environment = {**clean_environment(), **BASE_ENV, **(env or {}), "HOME": str(home),
+                       "PYTHONPATH": os.pathsep.join(map(str, roots))}
         try:
-            subprocess.run(command, cwd=repo, env=env, capture_output=True, timeout=timeout_s, check=False)
+            subprocess.run(command, cwd=repo, env=environment, capture_output=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             return TestReport(frozenset(), {t: "timed out" for t in tests}, timed_out=True,
                               isolated=bool(isolation))
-        found = read_junit(report) if report.exists() else TestReport(frozenset())
+        found = read_junit(report)
     missing = {t: "did not run" for t in tests if t not in found.passed and t not in found.failed
                and t not in found.skipped}
     return TestReport(found.passed, {**found.failed, **missing}, found.skipped, isolated=bool(isolation),
-                      hidden=hidden is not None)
+                      hidden=hidden is not None, unreadable=found.unreadable)
 
 
 @contextlib.contextmanager
@@ -127,12 +139,29 @@ def import_roots(repo: Path) -> list[Path]:
     return [*([repo / "src"] if (repo / "src").is_dir() else []), repo]
 
 
+#: a report larger than this was not written by pytest for a task's tests
+MAX_REPORT_BYTES = 32 * 1024 * 1024
+
+
 def read_junit(path: Path) -> TestReport:
-    """Test ids as pytest names them (`path/to/test_x.py::Class::test`), from the report's classname and name."""
+    """Test ids as pytest names them (`path/to/test_x.py::Class::test`), from the report's classname and name.
+    No report: nothing passed. A report that is not a regular file of at most `MAX_REPORT_BYTES` of XML (the run
+    can reach the file: a link, a pipe that never ends, a document cut short) is `unreadable`: nothing passed,
+    and the reason says why; reading it never blocks and never raises."""
+    try:
+        data = _read_report(path)
+    except FileNotFoundError:
+        return TestReport(frozenset())
+    except (OSError, ValueError) as exc:
+        return TestReport(frozenset(), unreadable=str(exc))
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as exc:
+        return TestReport(frozenset(), unreadable=f"the report is not well-formed XML: {exc}")
     passed: set[str] = set()
     failed: dict[str, str] = {}
     skipped: set[str] = set()
-    for case in ET.parse(path).getroot().iter("testcase"):
+    for case in root.iter("testcase"):
         test = _node_id(case.get("classname", ""), case.get("name", ""))
         problems = [c for c in case if c.tag in ("failure", "error")]
         if problems:
@@ -144,6 +173,23 @@ def read_junit(path: Path) -> TestReport:
     return TestReport(frozenset(passed - set(failed)), failed, frozenset(skipped))
 
 
+def _read_report(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError("the report is not a regular file")
+        if status.st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"the report is over {MAX_REPORT_BYTES} bytes")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(MAX_REPORT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_REPORT_BYTES:
+        raise ValueError(f"the report is over {MAX_REPORT_BYTES} bytes")
+    return data
+
+
 def _node_id(classname: str, name: str) -> str:
     """pytest writes `pkg.tests.test_x.Class` as the classname: back to a path and classes."""
     parts = classname.split(".")
@@ -153,7 +199,7 @@ def _node_id(classname: str, name: str) -> str:
     return "::".join([classname, name])
 
 
-def _clean_environment() -> dict[str, str]:
+def clean_environment() -> dict[str, str]:
     """What a test run inherits: the basics, not this process's settings, secrets or Python paths."""
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
     return {k: v for k, v in os.environ.items() if k in keep}
