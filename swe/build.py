@@ -3,6 +3,7 @@
     DIR/base/                    the package at its release, a repository of one commit
     DIR/tasks.jsonl              what a rollout may see: id, problem statement, package
     DIR/private/instances.jsonl  what only the grader sees: the bug, the gold patch, the tests
+    DIR/private/behaviour/ID.json each task's behaviour check: inputs and the original's answers (swe.behaviour)
     DIR/build.json               how the build went: candidates, kept, rejected and why, seconds
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from swe import behaviour
 from swe.errors import BuildError
 from swe.instances import judge, patch, problem_statement
 from swe.mutations import Mutant, mutants
@@ -81,6 +83,7 @@ def build(requirement: str, out: Path, *, cache: Path, max_candidates: int, max_
     random.Random(seed).shuffle(candidates)
     candidates = candidates[:max_candidates]
     kept: list[Instance] = []
+    buggy: dict[str, str] = {}  # a kept instance's id → its file with the bug
     diffs: set[str] = set()
     reasons: Counter[str] = Counter()
     said = time.perf_counter()
@@ -95,14 +98,44 @@ def build(requirement: str, out: Path, *, cache: Path, max_candidates: int, max_
             else:
                 diffs.add(instance.bug_patch)
                 kept.append(instance)
+                buggy[instance.id] = mutant.source
             if n % 10 == 0 or n == len(candidates) or time.perf_counter() - said > 15:
                 said = time.perf_counter()
                 say(f"{n}/{len(candidates)} candidates, {len(kept)} kept ({said - started:.0f} s)")
-    _write(out, kept, {"package": requirement, "candidates": len(candidates), "kept": len(kept),
+        checks = _behaviour_checks(base, work, kept, buggy, timeout_s, seed, say)
+    _write(out, kept, checks, {"package": requirement, "candidates": len(candidates), "kept": len(kept),
                        "rejected": dict(reasons), "tests": len(baseline[0].passed),
                        "seconds": round(time.perf_counter() - started, 1),
-                       "network isolated": baseline[0].isolated})
+                       "network isolated": baseline[0].isolated,
+                       "behaviour checks": len(checks),
+                       "behaviour checks that tell the bug on inputs no test uses":
+                           sum(c.telling > 0 for c in checks.values())})
     return kept
+
+
+def _behaviour_checks(base: Path, work: Path, kept: list[Instance], buggy: dict[str, str], timeout_s: float,
+                      seed: int, say: Say) -> dict[str, behaviour.Checks]:
+    """Each kept task's behaviour check (`swe.behaviour`), from one recorded run of the clean tree's tests."""
+    if not kept:
+        return {}
+    recorded = behaviour.record(base, sorted({(i.file, i.function) for i in kept}), timeout_s=timeout_s * 4,
+                                seed=seed)
+    checks: dict[str, behaviour.Checks] = {}
+    for instance in kept:
+        seen, variants = recorded.get((instance.file, instance.function), ([], []))
+        target = work / instance.file
+        clean = target.read_text()
+        try:
+            target.write_text(buggy[instance.id])
+            found = behaviour.prepare(base, work, instance.file, instance.function, seen, variants,
+                                      timeout_s=timeout_s)
+        finally:
+            target.write_text(clean)
+        if found is not None:
+            checks[instance.id] = found
+    say(f"behaviour checks: {len(checks)} of {len(kept)} tasks, "
+        f"{sum(c.telling > 0 for c in checks.values())} telling the bug on inputs no test uses")
+    return checks
 
 
 def _try(requirement: str, work: Path, path: Path, mutant: Mutant, baseline: TestReport, max_failing: int,
@@ -128,8 +161,11 @@ def _try(requirement: str, work: Path, path: Path, mutant: Mutant, baseline: Tes
         problem=problem_statement(requirement.partition("==")[0], verdict.fail_to_pass, first.failed)), None
 
 
-def _write(out: Path, kept: list[Instance], figures: dict[str, object]) -> None:
+def _write(out: Path, kept: list[Instance], checks: dict[str, behaviour.Checks],
+           figures: dict[str, object]) -> None:
     (out / "private").mkdir()
+    for id_, found in checks.items():
+        found.save(behaviour.checks_path(out, id_))
     with (out / "tasks.jsonl").open("w") as tasks, (out / "private" / "instances.jsonl").open("w") as private:
         for instance in kept:
             tasks.write(json.dumps({"id": instance.id, "problem": instance.problem, "package": instance.package})

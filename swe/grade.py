@@ -21,10 +21,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swe import canaries
+from swe import behaviour, canaries
 from swe.build import Instance, is_test_file
 from swe.errors import SweError
-from swe.sources import commit_tree
+from swe.sources import GIT_SAFE, commit_tree, git_environment
 from swe.testrun import run_tests
 
 #: files that change how tests run or what the interpreter loads, whatever folder they sit in
@@ -44,6 +44,8 @@ class Grade:
     hidden: bool = False  # the graded run saw the task's folder (clean tree, private data) empty
     tampered: str | None = None  # evidence that the graded run's verdicts were forged (a canary gave it away)
     refused: str | None = None  # why the change was not graded at all
+    differs: str | None = None  # how the fixed function answers unlike the original (`swe.behaviour`), if it does
+    checked: int = 0  # inputs the behaviour check tried (0: the task has none)
 
 
 def checkout(instance: Instance, base: Path, to: Path) -> Path:
@@ -52,8 +54,8 @@ def checkout(instance: Instance, base: Path, to: Path) -> Path:
         raise SweError(f"{to}: the folder exists and is not empty")
     to.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(base, to, ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True)
-    applied = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=instance.bug_patch, text=True,
-                             cwd=to, capture_output=True, timeout=60)
+    applied = subprocess.run(["git", *GIT_SAFE, "apply", "--whitespace=nowarn", "-"], input=instance.bug_patch,
+                             text=True, cwd=to, capture_output=True, timeout=60, env=git_environment())
     if applied.returncode != 0:
         raise SweError(f"instance {instance.id}: its bug does not apply to {base}: {applied.stderr.strip()}")
     return commit_tree(to, f"{instance.package}")
@@ -73,27 +75,42 @@ def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float, un
             taken, dropped = _change(reference, workdir)
         except (OSError, ValueError, RecursionError) as exc:  # whatever the agent left must not crash the grader
             return Grade(reward=0.0, passed=0.0, failed_tests=tests, refused=f"the change cannot be read: {exc!r}")
-        graded = Path(shutil.copytree(reference, Path(scratch) / "graded", symlinks=True))  # the buggy tree, again
-        for path, data in taken.items():
-            target = graded / path
-            if data is None:
-                target.unlink(missing_ok=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+        graded = _apply(reference, taken, Path(scratch) / "graded")
         planted = canaries.plant(graded, instance.fail_to_pass)
         # the task's folder (its clean tree, the private instances) is empty to the run: it can neither read the
         # gold patch nor poison the tree every later grading copies
         report = run_tests(graded, timeout_s=timeout_s, tests=[*tests, *planted.tests], hide=[base.parent],
                            unhidden_ok=unhidden_ok)
+        checks = behaviour.Checks.load(behaviour.checks_path(base.parent, instance.id))
+        differs = None
+        if checks is not None and report.passed >= set(tests) and not report.refused:
+            # a copy the test run never touched answers the inputs no test uses
+            fresh = _apply(reference, taken, Path(scratch) / "answering")
+            differs = behaviour.check(fresh, checks, timeout_s=timeout_s, hide=[base.parent],
+                                      unhidden_ok=unhidden_ok)
     failed = [t for t in tests if not report.outcome(t)]
     passed = (len(tests) - len(failed)) / len(tests)
-    tampered = planted.forged(report)
+    tampered = planted.forged(report) or (f"the test report cannot be read: {report.unreadable}"
+                                          if report.unreadable else None)
     refused = ("the task's folder cannot be hidden from the graded run here (no mount namespace); "
                "`--unhidden-ok` grades anyway") if report.refused else None
-    return Grade(reward=1.0 if not failed and tampered is None and refused is None else 0.0, passed=passed,
-                 failed_tests=failed, taken=sorted(taken), dropped=dropped, isolated=report.isolated,
-                 hidden=report.hidden, tampered=tampered, refused=refused)
+    return Grade(reward=1.0 if not failed and tampered is None and refused is None and differs is None else 0.0,
+                 passed=passed, failed_tests=failed, taken=sorted(taken), dropped=dropped, isolated=report.isolated,
+                 hidden=report.hidden, tampered=tampered, refused=refused, differs=differs,
+                 checked=len(checks.calls) if checks is not None else 0)
+
+
+def _apply(reference: Path, taken: dict[str, bytes | None], to: Path) -> Path:
+    """A copy of the buggy tree with the change's taken files written in."""
+    graded = Path(shutil.copytree(reference, to, symlinks=True))
+    for path, data in taken.items():
+        target = graded / path
+        if data is None:
+            target.unlink(missing_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    return graded
 
 
 def _link_on_the_way(workdir: Path) -> Path | None:
