@@ -1,5 +1,5 @@
-"""What `tether swe grade` costs per rollout, and that it gives every built task's honest fix 1 and an unchanged
-copy 0, never `tampered`.
+"""What `tether swe grade` costs per rollout, that it gives every built task's honest fix 1 and an unchanged
+copy 0, never `tampered`, and on how many tasks its behaviour check catches a fix special-cased to the tests.
 
     .venv/bin/python bench/swe_grading.py [--package toolz==1.2.0] [--candidates 8] [--runs 3] [--against REV]
 
@@ -7,7 +7,11 @@ Builds the package's tasks (or takes `--tasks DIR`), then grades each task's
 gold fix and an unchanged copy through the CLI, as a run's reward command
 does, `--runs` times each. With `--against REV` the same gradings run side by
 side with the grader of that git revision (a worktree of it), so the table
-shows before and after in one run. Writes bench/results/swe_grading.png.
+shows before and after in one run. Then, for each task, the behaviour check's
+inputs (the tests' own calls, and the variants on which the bug answers unlike
+the original) and the grade of a fix special-cased to the tests' inputs
+(`tests/swe_probes.py`: the original on the recorded calls, the bug elsewhere;
+built for module-level functions). Writes bench/results/swe_grading.png.
 """
 
 from __future__ import annotations
@@ -23,19 +27,25 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from swe.behaviour import Checks, checks_path
 from swe.build import Instance, build, load_instances
 from swe.grade import checkout
+from tests.swe_probes import special_cased_to_the_tests
 
 from _shared import arguments, pyplot, save
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def graded(code: Path, tasks: Path, instance: Instance, work: Path, fixed: bool) -> tuple[float, dict[str, object]]:
+def graded(code: Path, tasks: Path, instance: Instance, work: Path, fixed: bool,
+           special_cased: bool = False) -> tuple[float, dict[str, object]]:
     """One grading through the CLI of the tree at `code`: its seconds (start included) and its JSON line."""
     checkout(instance, tasks / "base", work)
     if fixed:
         subprocess.run(["git", "apply", "-"], input=instance.gold_patch, text=True, cwd=work, check=True)
+    if special_cased:
+        (work.parent / "tasks").symlink_to(tasks.resolve(), target_is_directory=True)
+        special_cased_to_the_tests(work, instance)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tether.cli", "swe", "grade", "--tasks", str(tasks), "--id",
                            instance.id, "--workdir", str(work)], cwd=code, capture_output=True, text=True,
@@ -80,6 +90,7 @@ def main() -> None:
                             if result["reward"] != (1.0 if fixed else 0.0) or result.get("tampered"):
                                 wrong.append(f"{name} {instance.id} {'fixed' if fixed else 'unchanged'}: {result}")
                 console.print(f"{n + 1}/{len(instances)} tasks graded", highlight=False)
+            special = special_cased(tasks, instances, Path(scratch) / "special", console)
         finally:
             if args.against:
                 subprocess.run(["git", "worktree", "remove", "--force", str(codes[args.against])], cwd=ROOT,
@@ -96,12 +107,41 @@ def main() -> None:
     console.print(f"wrong verdicts: {len(wrong)}", highlight=False)
     for line in wrong:
         console.print(line, highlight=False)
+    console.print(special)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.boxplot(list(seconds.values()), tick_labels=list(seconds))
     ax.set_ylabel("seconds per grading (CLI start included)")
     ax.set_title(f"tether swe grade, {args.package}")
     save(fig, args.out, console)
+
+
+def special_cased(tasks: Path, instances: list[Instance], scratch: Path, console: Console) -> Table:
+    """Per task: the behaviour check's inputs, and what a fix special-cased to the tests' inputs scores."""
+    table = Table(title="the behaviour check, and a fix special-cased to the tests' inputs")
+    for column in ("task", "function", "inputs", "tests' own", "variants telling the bug", "special-cased fix"):
+        table.add_column(column)
+    caught = built = 0
+    for n, instance in enumerate(instances):
+        checks = Checks.load(checks_path(tasks, instance.id))
+        verdict = "not built (a method)" if "." in instance.function else "not built (no check)"
+        if checks is not None and "." not in instance.function:
+            try:
+                _, result = graded(ROOT, tasks, instance, scratch / str(n) / "work", False, special_cased=True)
+            except (subprocess.CalledProcessError, AssertionError, StopIteration, SyntaxError) as exc:
+                verdict = f"not built ({type(exc).__name__})"
+            else:
+                built += 1
+                caught += result["reward"] == 0.0
+                verdict = ("reward 1: missed" if result["reward"] == 1.0 else
+                           "0: behaviour check" if result.get("differs") else
+                           "0: twins/canaries" if result.get("tampered") else "0: tests failed")
+        table.add_row(instance.id, instance.function, str(len(checks.calls)) if checks else "0",
+                      str(checks.seen) if checks else "0", str(checks.telling) if checks else "0", verdict)
+    console.print(f"special-cased fixes scored 0 on {caught} of the {built} tasks where one was built; "
+                  f"{sum(1 for i in instances if (c := Checks.load(checks_path(tasks, i.id))) and c.telling)} of "
+                  f"{len(instances)} tasks have variants that tell the bug", highlight=False)
+    return table
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 from swe import behaviour, canaries
 from swe.build import Instance, is_test_file
 from swe.errors import SweError
+from swe.reach import beyond
 from swe.sources import GIT_SAFE, commit_tree, git_environment
 from swe.testrun import run_tests
 
@@ -72,7 +73,7 @@ def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float, un
     with tempfile.TemporaryDirectory(prefix="tether-swe-grade-") as scratch:
         reference = checkout(instance, base, Path(scratch) / "reference")
         try:
-            taken, dropped = _change(reference, workdir)
+            taken, dropped = _change(reference, workdir, base)
         except (OSError, ValueError, RecursionError) as exc:  # whatever the agent left must not crash the grader
             return Grade(reward=0.0, passed=0.0, failed_tests=tests, refused=f"the change cannot be read: {exc!r}")
         graded = _apply(reference, taken, Path(scratch) / "graded")
@@ -122,9 +123,9 @@ def _link_on_the_way(workdir: Path) -> Path | None:
     return None
 
 
-def _change(reference: Path, workdir: Path) -> tuple[dict[str, bytes | None], dict[str, str]]:
+def _change(reference: Path, workdir: Path, base: Path) -> tuple[dict[str, bytes | None], dict[str, str]]:
     """The library source files the rollout changed (new bytes, or None when deleted), and the others it touched
-    with why they are not taken."""
+    with why they are not taken. `base`: the clean tree, the original of each file."""
     before, _ = walk(reference)
     after, dropped = walk(workdir)
     packages = library_packages(before)
@@ -133,7 +134,7 @@ def _change(reference: Path, workdir: Path) -> tuple[dict[str, bytes | None], di
         old, new = before.get(path), after.get(path)
         if old == new or path in dropped:
             continue
-        reason = _refusal(Path(path), old, new, packages)
+        reason = _refusal(Path(path), old, new, _read(base / path), packages)
         if reason is not None:
             dropped[path] = reason
         else:
@@ -141,8 +142,10 @@ def _change(reference: Path, workdir: Path) -> tuple[dict[str, bytes | None], di
     return taken, dropped
 
 
-def _refusal(path: Path, old: bytes | None, new: bytes | None, packages: frozenset[Path]) -> str | None:
-    """Why a changed file is not graded, or None to take it."""
+def _refusal(path: Path, old: bytes | None, new: bytes | None, original: bytes | None,
+             packages: frozenset[Path]) -> str | None:
+    """Why a changed file is not graded, or None to take it. `old`: the file as the rollout got it; `original`:
+    as the package released it (before the bug)."""
     if path.name in HOOKS:
         return "test or interpreter settings"
     if path.suffix == ".pth":
@@ -154,9 +157,19 @@ def _refusal(path: Path, old: bytes | None, new: bytes | None, packages: frozens
     if old is None and path.parent not in packages:
         return ("a new module outside the library's packages: it could shadow a module the tests or the tools "
                 "import")
-    if new is not None and _always_equal(new) > _always_equal(old):
-        return "it adds an equality operator or mock.ANY: an injected bug is fixed without new ones"
+    if new is not None:
+        added = beyond(new, [old, original])
+        if added:
+            return (f"it uses {', '.join(f'`{n}`' for n in added[:5])} more than the file did: a fix of the bug "
+                    "needs none of that reach (swe.reach)")
     return None
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() and not path.is_symlink() else None
+    except OSError:
+        return None
 
 
 def library_packages(files: dict[str, bytes]) -> frozenset[Path]:
@@ -164,14 +177,6 @@ def library_packages(files: dict[str, bytes]) -> frozenset[Path]:
     fix may add modules there, and nowhere else."""
     return frozenset(Path(path).parent for path in files
                      if Path(path).name == "__init__.py" and not is_test_file(Path(path)))
-
-
-#: what makes an object equal to anything: a fix of a one-place bug needs none that the file did not have
-ALWAYS_EQUAL = (b"__eq__", b"__ne__", b"ANY", b"unittest.mock", b"unittest import mock")
-
-
-def _always_equal(source: bytes | None) -> int:
-    return sum((source or b"").count(token) for token in ALWAYS_EQUAL)
 
 
 #: how deep and how much of a working copy is read: a fix needs neither more folders nor more bytes

@@ -1,0 +1,141 @@
+"""The behaviour check's parts, each alone: variants of recorded calls (pure), the canonical answers the replay
+prints, the screen's count of reach, the report reader on what a graded run can leave, and the jail."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swe import replay
+from swe.isolate import jail_works, jailed
+from swe.reach import beyond, reach
+from swe.testrun import read_junit
+from swe.variation import variants
+
+scalars = st.one_of(st.booleans(), st.integers(-1000, 1000), st.floats(allow_nan=False, allow_infinity=False),
+                    st.text(max_size=8), st.binary(max_size=8), st.none())
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=5),
+                                                        st.tuples(inner, inner),
+                                                        st.dictionaries(st.text(max_size=4), inner, max_size=4),
+                                                        st.frozensets(st.integers(-50, 50), max_size=5)),
+                      max_leaves=6)
+calls = st.tuples(st.lists(values, max_size=4), st.dictionaries(st.sampled_from("abcd"), values, max_size=3))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(calls, st.integers(0, 2**32), st.integers(0, 6))
+def test_variants_change_one_argument_and_never_the_call(call: tuple[list[Any], dict[str, Any]], seed: int,
+                                                        count: int) -> None:
+    before = copy.deepcopy(call)
+    made = variants(call, random.Random(seed), count)
+    assert call == before  # the recorded call is not touched
+    assert len(made) <= count
+    for args, kwargs in made:
+        assert len(args) == len(call[0]) and kwargs.keys() == call[1].keys()
+        changed: list[int | str] = [i for i, (a, b) in enumerate(zip(args, call[0], strict=True)) if a is not b]
+        changed += [k for k in kwargs if kwargs[k] is not call[1][k]]
+        assert len(changed) <= 1
+    assert made == variants(before, random.Random(seed), count)  # the same seed, the same variants
+
+
+def test_variants_of_a_call_with_nothing_to_change_are_none() -> None:
+    assert variants(([len, object()], {"key": print}), random.Random(0), 5) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=6), max_size=12, unique=True), st.randoms())
+def test_a_canonical_answer_does_not_depend_on_order_in_sets_and_dicts(words: list[str], rng: random.Random) -> None:
+    shuffled = list(words)
+    rng.shuffle(shuffled)
+    as_set = json.dumps(replay.canonical(set(words), 100))
+    assert as_set == json.dumps(replay.canonical(set(shuffled), 100))
+    assert json.dumps(replay.canonical(dict.fromkeys(words, 1), 100)) == \
+        json.dumps(replay.canonical(dict.fromkeys(shuffled, 1), 100))
+
+
+def test_a_canonical_answer_drains_iterators_and_leaves_addresses_out() -> None:
+    class Slotted:
+        __slots__ = ("a", "b")
+
+        def __init__(self) -> None:
+            self.a = 1
+
+    drained = replay.canonical(iter(range(5)), 3)
+    assert drained == {"iterator": [0, 1, 2], "more": True}
+    assert replay.canonical(Slotted(), 10) == {"object": "test_a_canonical_answer_drains_iterators_and_leaves_"
+                                                         "addresses_out.<locals>.Slotted",
+                                               "state": {"dict": [["a", 1], ["b", "<not set>"]], "type": "dict",
+                                                         "n": 2}}
+    assert "0x" not in json.dumps(replay.canonical(object(), 10))
+    assert replay.canonical(float("nan"), 1) == {"float": "nan"}
+
+
+@pytest.mark.parametrize("source, names", [
+    (b"class A:\n    def __\xef\xbd\x85q__(self, other):\n        return True\n", ["__eq__"]),  # fullwidth e
+    (b"class A:\n    pass\nsetattr(A, '__e' 'q__', lambda s, o: True)\n", ["__eq__", "setattr"]),
+    (b"import atexit as _a\n", ["atexit"]),
+    (b"from _pytest import python\n", ["_pytest", "python"][:1]),
+    (b"x = getattr(__builtins__, 'open')\n", ["__builtins__"]),
+])
+def test_the_screen_counts_reach_however_it_is_spelled(source: bytes, names: list[str]) -> None:
+    assert set(names) <= set(beyond(source, [b"", None]))
+
+
+def test_the_screen_counts_no_prose_and_allows_what_the_original_had() -> None:
+    prose = b"def f():\n    raise ValueError('cannot open the file in f.<locals>: see os docs')\n"
+    assert beyond(prose, [b""]) == []
+    original = b"import os\ndef f():\n    return os.sep\n"
+    assert beyond(original, [b"def f():\n    return '/'\n", original]) == []  # the fix restores the original
+    assert reach(b"def broken(:\n open(") == {"open": 1}  # a file that does not parse: its text
+
+
+def test_a_report_that_is_not_a_plain_file_of_xml_is_unreadable_and_never_blocks(tmp_path: Path) -> None:
+    assert read_junit(tmp_path / "absent.xml").passed == frozenset()
+    (tmp_path / "garbled.xml").write_text("<not xml")
+    assert "not well-formed" in str(read_junit(tmp_path / "garbled.xml").unreadable)
+    os.mkfifo(tmp_path / "pipe.xml")
+    assert "not a regular file" in str(read_junit(tmp_path / "pipe.xml").unreadable)  # returns: no writer needed
+    (tmp_path / "real.xml").write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="test_b"/>'
+                                       "</testsuite></testsuites>")
+    (tmp_path / "link.xml").symlink_to(tmp_path / "real.xml")
+    assert read_junit(tmp_path / "link.xml").unreadable is not None
+    assert read_junit(tmp_path / "real.xml").passed == {"tests/test_a.py::test_b"}
+
+
+@pytest.mark.skipif(not jail_works(), reason="no user and mount namespaces here: the grader refuses to grade")
+def test_the_jail_leaves_only_its_copy_writable_and_hides_what_it_is_told(tmp_path: Path) -> None:
+    copy_, hidden, outside = tmp_path / "copy", tmp_path / "tasks", tmp_path / "outside"
+    for folder in (copy_, hidden, outside):
+        folder.mkdir()
+    (hidden / "secret").write_text("gold")
+    script = ("import os, sys\n"
+              "def tries(p):\n"
+              "    try:\n"
+              "        open(p, 'w').write('x'); return 'wrote'\n"
+              "    except OSError as e:\n"
+              "        return type(e).__name__\n"
+              f"print(tries('{copy_}/mine'), tries('{outside}/theirs'), tries('{sys.prefix}/mark'),\n"
+              f"      os.path.exists('{hidden}/secret'), os.listdir(os.path.expanduser('~')))\n")
+    argv = jailed([sys.executable, "-c", script], writable=[copy_], hide=[hidden])
+    assert argv is not None
+    done = subprocess.run(argv, cwd=copy_, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # /tmp is private to the jail: `outside` (under it) is gone, so writing there fails as well
+    wrote_copy, wrote_outside, wrote_prefix, sees_secret, home = done.stdout.split(" ", 4)
+    assert (wrote_copy, wrote_outside, wrote_prefix, sees_secret) == ("wrote", "FileNotFoundError", "OSError",
+                                                                      "False"), done.stdout
+    # the home is empty but for the way to the interpreter, where it lives there (bound back, read-only)
+    needed = {Path(p).relative_to(Path.home()).parts[0] for p in (sys.prefix, sys.base_prefix)
+              if Path(p).is_relative_to(Path.home())}
+    assert set(json.loads(home.strip().replace("'", '"'))) <= needed, home
+    assert (copy_ / "mine").exists() and not (outside / "theirs").exists()
