@@ -30,7 +30,6 @@ from rich.table import Table
 from swe.behaviour import Checks, checks_path
 from swe.build import Instance, build, load_instances
 from swe.grade import checkout
-from tests.swe_probes import special_cased_to_the_tests
 
 from _shared import arguments, pyplot, save
 
@@ -44,6 +43,10 @@ def graded(code: Path, tasks: Path, instance: Instance, work: Path, fixed: bool,
     if fixed:
         subprocess.run(["git", "apply", "-"], input=instance.gold_patch, text=True, cwd=work, check=True)
     if special_cased:
+        if str(ROOT) not in sys.path[:1]:  # the repository's tests, not a `tests` package some wheel installed
+            sys.path.insert(0, str(ROOT))
+        from tests.swe_probes import special_cased_to_the_tests
+
         (work.parent / "tasks").symlink_to(tasks.resolve(), target_is_directory=True)
         special_cased_to_the_tests(work, instance)
     started = time.perf_counter()
@@ -63,7 +66,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--against", help="a git revision whose grader runs side by side")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=200)
     with tempfile.TemporaryDirectory(prefix="tether-bench-swe-") as scratch:
         tasks = args.tasks
         if tasks is None:
@@ -133,9 +136,15 @@ def special_cased(tasks: Path, instances: list[Instance], scratch: Path, console
             else:
                 built += 1
                 caught += result["reward"] == 0.0
-                verdict = ("reward 1: missed" if result["reward"] == 1.0 else
-                           "0: behaviour check" if result.get("differs") else
-                           "0: twins/canaries" if result.get("tampered") else "0: tests failed")
+                if result["reward"] == 1.0:
+                    verdict = "reward 1: missed"
+                elif result.get("differs"):
+                    verdict = "reward 0: the behaviour check"
+                elif result.get("tampered"):
+                    verdict = "reward 0: twins or canaries"
+                else:  # the probe keys on recorded calls; a test whose call was not recorded meets the bug
+                    built, caught = built - 1, caught - 1
+                    verdict = "no probe: tests failed (not every test's call could be recorded)"
         table.add_row(instance.id, instance.function, str(len(checks.calls)) if checks else "0",
                       str(checks.seen) if checks else "0", str(checks.telling) if checks else "0", verdict)
     console.print(f"special-cased fixes scored 0 on {caught} of the {built} tasks where one was built; "
