@@ -32,11 +32,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swe.isolate import jailed
-from swe.testrun import BASE_ENV, TETHER_ROOT, clean_environment, import_roots, network_isolation, run_tests
+from swe.testrun import (
+    BASE_ENV,
+    TETHER_ROOT,
+    clean_environment,
+    import_roots,
+    limit_files,
+    network_isolation,
+    run_tests,
+)
 
 REPLAY = Path(__file__).with_name("replay.py")
 #: per function: recorded calls kept, variants made of each, inputs checked at most; per call: seconds, items
 MAX_CALLS, VARIANTS_PER_CALL, MAX_INPUTS, CALL_TIMEOUT_S, MAX_ITEMS = 200, 3, 160, 2.0, 1000
+#: what the replay may print: its answers are at most 64 KiB each
+MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 #: an answer that says the input could not be tried: not an input to check on
 UNUSABLE = ('{"timed out"', '{"unpickled"', '{"missing"', '{"unwritable"')
 
@@ -116,12 +126,16 @@ def replay(tree: Path, module: str, function: str, calls: Sequence[bytes], *, ti
             command = jail or command
         env = {**clean_environment(), **BASE_ENV, "HOME": str(home), "PYTHONHASHSEED": "0",
                "PYTHONPATH": os.pathsep.join(map(str, [*import_roots(tree), TETHER_ROOT]))}
-        try:
-            done = subprocess.run(command, cwd=tree, env=env, input=job, capture_output=True, timeout=timeout_s,
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            return Answers([None] * len(calls), f"the behaviour check timed out after {timeout_s:.0f} s")
-    answers = [line.partition(b"\t")[2].decode(errors="replace") for line in done.stdout.splitlines()
+        # the answers go to a file of the grader's, which the process can fill to a limit and no further
+        with tempfile.TemporaryFile() as out:
+            try:
+                done = subprocess.run(command, cwd=tree, env=env, input=job, stdout=out, stderr=subprocess.DEVNULL,
+                                      timeout=timeout_s, check=False, preexec_fn=limit_files(MAX_OUTPUT_BYTES))
+            except subprocess.TimeoutExpired:
+                return Answers([None] * len(calls), f"the behaviour check timed out after {timeout_s:.0f} s")
+            out.seek(0)
+            printed = out.read(MAX_OUTPUT_BYTES)
+    answers = [line.partition(b"\t")[2].decode(errors="replace") for line in printed.splitlines()
                if line.startswith(nonce.encode() + b"\t")]
     if len(answers) != len(calls):
         return Answers([*answers[:len(calls)], *[None] * (len(calls) - len(answers))][:len(calls)],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -93,7 +94,8 @@ def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python
         environment = {**clean_environment(), **BASE_ENV, **(env or {}), "HOME": str(home),
                        "PYTHONPATH": os.pathsep.join(map(str, roots))}
         try:
-            subprocess.run(command, cwd=repo, env=environment, capture_output=True, timeout=timeout_s, check=False)
+            subprocess.run(command, cwd=repo, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=timeout_s, check=False, preexec_fn=limit_files(MAX_FILE_BYTES))
         except subprocess.TimeoutExpired:
             return TestReport(frozenset(), {t: "timed out" for t in tests}, timed_out=True,
                               isolated=bool(isolation))
@@ -137,6 +139,19 @@ def _kill_children() -> None:
 def import_roots(repo: Path) -> list[Path]:
     """Where the package's modules are imported from: `src/` first in a src layout, then the repository."""
     return [*([repo / "src"] if (repo / "src").is_dir() else []), repo]
+
+
+#: the largest file a test run may write: past it the writer gets SIGXFSZ (no run fills the grader's disk)
+MAX_FILE_BYTES = 1024 * 1024 * 1024
+
+
+def limit_files(size: int) -> Callable[[], None]:
+    """A `preexec_fn` that limits the files the child writes (its output included) to `size` bytes each."""
+    def limit() -> None:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        cap = size if hard == resource.RLIM_INFINITY else min(size, hard)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, hard))
+    return limit
 
 
 #: a report larger than this was not written by pytest for a task's tests

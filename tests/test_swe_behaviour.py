@@ -139,3 +139,36 @@ def test_the_jail_leaves_only_its_copy_writable_and_hides_what_it_is_told(tmp_pa
               if Path(p).is_relative_to(Path.home())}
     assert set(json.loads(home.strip().replace("'", '"'))) <= needed, home
     assert (copy_ / "mine").exists() and not (outside / "theirs").exists()
+
+
+def _tree(root: Path, module: str) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "mod.py").write_text(module)
+    return root
+
+
+def test_the_replay_answers_each_call_as_data(tmp_path: Path) -> None:
+    import pickle
+
+    from swe.behaviour import replay as run_replay
+
+    tree = _tree(tmp_path / "tree", "def f(x, *rest, key=None):\n    if x < 0:\n        raise ValueError(x)\n"
+                                    "    return (i * x for i in range(3))\n")
+    calls = [pickle.dumps(([2], {})), pickle.dumps(([-1], {})), pickle.dumps(([1, 5], {"key": 3})), b"junk"]
+    answers = run_replay(tree, "pkg.mod", "f", calls, timeout_s=60)
+    assert answers.problem is None
+    parsed = [json.loads(a or "null") for a in answers.lines]
+    assert parsed[0]["returned"] == {"iterator": [0, 2, 4], "more": False}
+    assert parsed[1] == {"raised": "ValueError"} and parsed[3] == {"unpickled": "UnpicklingError"}
+
+
+def test_a_replay_that_floods_its_output_is_cut_off_not_read_whole(tmp_path: Path) -> None:
+    import pickle
+
+    from swe.behaviour import replay as run_replay
+
+    tree = _tree(tmp_path / "tree", "import sys\nfor _ in range(4096):\n    sys.stdout.write('x' * 65536)\n"
+                                    "def f(x):\n    return x\n")
+    answers = run_replay(tree, "pkg.mod", "f", [pickle.dumps(([1], {}))], timeout_s=120)
+    assert answers.lines == [None] and "answered 0 of 1" in str(answers.problem)
