@@ -4,14 +4,16 @@ An injected bug is one changed place in one function; its fix changes that
 place back. Code that forges a grade needs more: an object equal to anything
 (`__eq__`, `mock.ANY`), attributes set under computed names (`setattr`,
 `type(name, bases, namespace)`, `__dict__`), code made at run time (`exec`,
-`compile`, `__import__`), the interpreter's insides (frames, `gc`,
+`compile`, `__import__`), attributes named at run time (`getattr`), the
+interpreter's insides (frames, `__self__` of a builtin, `gc`,
 `sys.modules`, trace and profile hooks, `atexit`, `ctypes`, signals), files
 and processes (`open`, `os`, `subprocess`), or the test tools themselves
-(`pytest`). Each of these is counted in a file's syntax tree, where Python has
-already folded look-alike letters (NFKC: a fullwidth e in `__eq__` is an e), and
-in its strings folded the same way (the names no prose uses); a change that makes any count exceed both the buggy
-file's and the original's is not taken. Honest fixes written differently
-from the original rarely need one of these; a forgery always does.
+(`pytest`). Each of these is counted in a file's syntax tree, where Python
+has already folded look-alike letters (NFKC: a fullwidth e in `__eq__` is an
+e), and in its strings, folded the same way (only the names no prose uses). A
+change that makes any count exceed both the buggy file's and the original's
+is not taken. Honest fixes written differently from the original rarely need
+one of these; a forgery always does.
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ REACH = frozenset({
     "get_objects", "get_referrers", "inspect", "atexit", "ctypes", "signal", "threading", "faulthandler",
     "open", "os", "io", "pathlib", "shutil", "subprocess", "tempfile", "socket", "environ", "argv", "_exit",
     "pytest", "_pytest", "pluggy", "conftest", "junitxml",
+    # attributes reached by a name built at run time, and the ways from any object to the interpreter's insides
+    "getattr", "attrgetter", "methodcaller", "__getattribute__", "__self__", "__subclasses__", "__mro__",
+    "__bases__", "__base__", "__reduce__", "__reduce_ex__", "__traceback__", "tb_frame", "gi_frame", "cr_frame",
+    "ag_frame", "f_code", "co_code", "__closure__", "__loader__", "__spec__", "breakpoint",
+    "type(name, bases, namespace)",
 })
 
+
+#: a class made by a call, `type(name, bases, namespace)`: its methods (`__eq__`, say) are named by strings
+CLASS_MADE = "type(name, bases, namespace)"
 
 #: the names counted inside strings too (a computed `setattr(cls, "__eq__", ...)`): those no prose uses; plain words
 #: such as `open` or `locals` in a message or a qualified name (`f.<locals>.g`) are not reach
@@ -62,6 +72,9 @@ def beyond(new: bytes | None, allowed: list[bytes | None]) -> list[str]:
 
 def _names(tree: ast.AST) -> Iterator[str]:
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" \
+                and len(node.args) == 3:
+            yield CLASS_MADE
         if isinstance(node, ast.Name):
             yield node.id
         elif isinstance(node, ast.Attribute):

@@ -172,3 +172,14 @@ def test_a_replay_that_floods_its_output_is_cut_off_not_read_whole(tmp_path: Pat
                                     "def f(x):\n    return x\n")
     answers = run_replay(tree, "pkg.mod", "f", [pickle.dumps(([1], {}))], timeout_s=120)
     assert answers.lines == [None] and "answered 0 of 1" in str(answers.problem)
+
+
+@pytest.mark.parametrize("source, name", [
+    (b"m = getattr(print.__self__, '__imp' + 'ort__')('sys')\n", "__self__"),
+    (b"m = getattr(obj, 'mod' + 'ules')\n", "getattr"),
+    (b"try:\n    1 / 0\nexcept Exception as e:\n    g = e.__traceback__.tb_frame\n", "tb_frame"),
+    (b"A = type('A', (), {'__e' + 'q__': lambda s, o: True})\n", "type(name, bases, namespace)"),
+    (b"f = (x for x in ()).gi_frame\n", "gi_frame"),
+])
+def test_the_screen_counts_the_ways_to_names_built_at_run_time(source: bytes, name: str) -> None:
+    assert name in beyond(source, [b""])
