@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swe.isolate import jailed
+from swe.scratch import scratch
 from swe.testrun import (
     BASE_ENV,
     TETHER_ROOT,
@@ -115,12 +116,12 @@ def replay(tree: Path, module: str, function: str, calls: Sequence[bytes], *, ti
     nonce = secrets.token_hex(16)
     job = pickle.dumps({"nonce": nonce, "module": module, "function": function, "calls": list(calls),
                         "timeout_s": CALL_TIMEOUT_S, "max_items": MAX_ITEMS})
-    with tempfile.TemporaryDirectory(prefix="tether-swe-replay-") as private:
+    with scratch("tether-swe-replay-") as private:
         home = Path(private) / "home"
         home.mkdir()
         command = [*network_isolation(), python, "-P", str(REPLAY)]
         if hide:
-            jail = jailed(command, writable=[tree, Path(private)], hide=hide, python=python)
+            jail = jailed(command, work=tree, out=Path(private), hide=hide, python=python)
             if jail is None and not unhidden_ok:
                 return Answers([None] * len(calls), "no jail can be made here for the behaviour check")
             command = jail or command

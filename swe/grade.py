@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from swe import behaviour, canaries
 from swe.build import Instance, is_test_file
 from swe.errors import SweError
 from swe.reach import beyond
+from swe.scratch import scratch
 from swe.sources import GIT_SAFE, commit_tree, git_environment
 from swe.testrun import run_tests
 
@@ -70,13 +70,13 @@ def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float, un
     if link is not None:  # the working copy swapped for a link: to the clean tree, say, which the agent can name
         return Grade(reward=0.0, passed=0.0, failed_tests=tests, dropped={
             str(workdir): f"the working copy is reached through a symbolic link ({link}): not graded"})
-    with tempfile.TemporaryDirectory(prefix="tether-swe-grade-") as scratch:
-        reference = checkout(instance, base, Path(scratch) / "reference")
+    with scratch("tether-swe-grade-") as folder:
+        reference = checkout(instance, base, folder / "reference")
         try:
             taken, dropped = _change(reference, workdir, base)
         except (OSError, ValueError, RecursionError) as exc:  # whatever the agent left must not crash the grader
             return Grade(reward=0.0, passed=0.0, failed_tests=tests, refused=f"the change cannot be read: {exc!r}")
-        graded = _apply(reference, taken, Path(scratch) / "graded")
+        graded = _apply(reference, taken, folder / "graded")
         planted = canaries.plant(graded, instance.fail_to_pass)
         # the task's folder (its clean tree, the private instances) is empty to the run: it can neither read the
         # gold patch nor poison the tree every later grading copies
@@ -86,7 +86,7 @@ def grade(instance: Instance, base: Path, workdir: Path, *, timeout_s: float, un
         differs = None
         if checks is not None and report.passed >= set(tests) and not report.refused:
             # a copy the test run never touched answers the inputs no test uses
-            fresh = _apply(reference, taken, Path(scratch) / "answering")
+            fresh = _apply(reference, taken, folder / "answering")
             differs = behaviour.check(fresh, checks, timeout_s=timeout_s, hide=[base.parent],
                                       unhidden_ok=unhidden_ok)
     failed = [t for t in tests if not report.outcome(t)]

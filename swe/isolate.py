@@ -59,23 +59,26 @@ def hiding(hidden: Sequence[Path], command: Sequence[str], *, alone: bool = Fals
 JAIL = Path(__file__).with_name("jail.py")
 
 
-def jailed(command: Sequence[str], *, writable: Sequence[Path], hide: Sequence[Path],
+def jailed(command: Sequence[str], *, work: Path, out: Path, hide: Sequence[Path], collect: Sequence[str] = (),
            python: str = sys.executable) -> list[str] | None:
-    """The argv that runs `command` in `writable[0]` with every mount read-only but `writable`, the `hide`
-    folders and the places anyone may write (`/tmp`, the home folder, ...) empty and private to it; or None where
-    no namespaces can be made here (`jail_works`)."""
+    """The argv that runs `command` in `work` inside a root of its own (`swe.jail`): the machine's system folders
+    and the interpreter read-only, `work` a private copy, `out` a private folder whose `collect` files come back,
+    nothing else (`hide` is checked unseen); or None where no jail can be made here (`jail_works`). `out` must
+    be an empty folder of the caller's."""
     found = unshare()
     if found is None or not jail_works(python):
         return None
-    return [found, "-rm", *_jail_argv(python, writable, hide), found, "-rm", *command]
+    return [found, "-rm", *_jail_argv(python, work, out, hide, collect), found, "-rm", *command]
 
 
-def _jail_argv(python: str, writable: Sequence[Path], hide: Sequence[Path]) -> list[str]:
+def _jail_argv(python: str, work: Path, out: Path, hide: Sequence[Path], collect: Sequence[str]) -> list[str]:
     interpreter = Path(os.path.realpath(python))
     needed = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, str(interpreter.parent.parent),
-                     str(Path(python).absolute().parent.parent), str(JAIL.parent.parent)})
-    spec = {"writable": [str(p.resolve()) for p in writable], "hide": [str(p.resolve()) for p in hide],
-            "keep": needed, "read_only": needed, "home": os.path.expanduser("~")}
+                     str(Path(python).absolute().parent.parent), str(JAIL.parent)})
+    root = out / ".root"
+    root.mkdir()
+    spec = {"work": str(work.resolve()), "out": str(out.resolve()), "root": str(root.resolve()),
+            "hide": [str(p.resolve()) for p in hide], "keep": needed, "collect": list(collect)}
     return [python, "-I", "-S", str(JAIL), json.dumps(spec), "--"]
 
 
@@ -87,7 +90,10 @@ def jail_works(python: str = sys.executable) -> bool:
         return False
     try:
         with tempfile.TemporaryDirectory(prefix="tether-jail-probe-") as folder:
-            probe = [found, "-rm", *_jail_argv(python, [Path(folder)], []), "/bin/sh", "-c", "true"]
+            work, out = Path(folder) / "work", Path(folder) / "out"
+            work.mkdir()
+            out.mkdir()
+            probe = [found, "-rm", *_jail_argv(python, work, out, [], []), "/bin/sh", "-c", "true"]
             return subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -18,7 +18,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from infra.processes import children_of
 from swe.isolate import jailed
+from swe.scratch import scratch
 
 #: where Tether's own modules are imported from (its plugins join a clean tree's test run at build time)
 TETHER_ROOT = Path(__file__).resolve().parent.parent
@@ -72,20 +72,22 @@ def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python
               hide: Sequence[Path] = (), unhidden_ok: bool = False, plugins: Sequence[str] = (),
               env: Mapping[str, str] | None = None) -> TestReport:
     """pytest over `tests` (node ids; all when empty) with `repo` as the working folder and first on the path.
-    `hide`: folders the run must see empty. Given any, the run is jailed (`swe.jail`): every mount read-only but
-    `repo` and the report's folder, those folders, the temporary folders and the home folder empty and private
-    to it. Where no jail can be made the run does not happen and every test counts as failed, unless
-    `unhidden_ok` (`hidden` says which it was). Either way the run's home folder is a fresh empty one.
+    `hide`: folders the run must not see. Given any, the run is jailed (`swe.jail`): a root of its own with the
+    system's folders and the interpreter read-only, a private copy of `repo`, and nothing else of the machine;
+    only the report comes back. Where no jail can be made the run does not happen and every test counts as
+    failed, unless `unhidden_ok` (`hidden` says which it was). Either way the run's home folder is a fresh empty
+    one.
     `plugins`: Tether's own pytest plugins to load (build time, on a clean tree: Tether joins the path after
     the tree), with `env` set for them."""
     isolation = network_isolation()
-    with tempfile.TemporaryDirectory(prefix="tether-swe-report-") as private:
+    with scratch("tether-swe-report-") as private:
         report = Path(private) / f"{os.urandom(16).hex()}.xml"
         home = Path(private) / "home"
         home.mkdir()
         command = [*isolation, python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tb=short",
                    f"--junitxml={report}", *(a for p in plugins for a in ("-p", p)), *tests]
-        hidden = jailed(command, writable=[repo, Path(private)], hide=hide, python=python) if hide else None
+        hidden = jailed(command, work=repo, out=Path(private), hide=hide, collect=[report.name],
+                        python=python) if hide else None
         if hide and hidden is None and not unhidden_ok:
             return TestReport(frozenset(), {t: "not run: no mount namespace to hide the task's data" for t
                                             in tests}, isolated=bool(isolation), refused=True)
@@ -99,7 +101,9 @@ def run_tests(repo: Path, *, timeout_s: float, tests: Sequence[str] = (), python
         except subprocess.TimeoutExpired:
             return TestReport(frozenset(), {t: "timed out" for t in tests}, timed_out=True,
                               isolated=bool(isolation))
-        found = read_junit(report)
+        refused = report.with_name(report.name + ".refused")  # the jail's word on a report it would not bring back
+        found = read_junit(report) if not refused.exists() else \
+            TestReport(frozenset(), unreadable=refused.read_text(errors="replace")[:500])
     missing = {t: "did not run" for t in tests if t not in found.passed and t not in found.failed
                and t not in found.skipped}
     return TestReport(found.passed, {**found.failed, **missing}, found.skipped, isolated=bool(isolation),

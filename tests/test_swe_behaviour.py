@@ -45,7 +45,8 @@ def test_variants_change_one_argument_and_never_the_call(call: tuple[list[Any], 
         changed: list[int | str] = [i for i, (a, b) in enumerate(zip(args, call[0], strict=True)) if a is not b]
         changed += [k for k in kwargs if kwargs[k] is not call[1][k]]
         assert len(changed) <= 1
-    assert made == variants(before, random.Random(seed), count)  # the same seed, the same variants
+    again = variants(before, random.Random(seed), count)  # the same seed, the same variants (iterators too)
+    assert json.dumps(replay.canonical(made, 100)) == json.dumps(replay.canonical(again, 100))
 
 
 def test_variants_of_a_call_with_nothing_to_change_are_none() -> None:
@@ -114,9 +115,12 @@ def test_a_report_that_is_not_a_plain_file_of_xml_is_unreadable_and_never_blocks
 
 @pytest.mark.skipif(not jail_works(), reason="no user and mount namespaces here: the grader refuses to grade")
 def test_the_jail_leaves_only_its_copy_writable_and_hides_what_it_is_told(tmp_path: Path) -> None:
-    copy_, hidden, outside = tmp_path / "copy", tmp_path / "tasks", tmp_path / "outside"
-    for folder in (copy_, hidden, outside):
+    """The run writes to its private copy and nowhere else; what it wrote stays in the jail; the tasks folder,
+    /tmp's other folders and the home folder are not there."""
+    copy_, hidden, outside, out = tmp_path / "copy", tmp_path / "tasks", tmp_path / "outside", tmp_path / "out"
+    for folder in (copy_, hidden, outside, out):
         folder.mkdir()
+    (copy_ / "code.py").write_text("x = 1\n")
     (hidden / "secret").write_text("gold")
     script = ("import os, sys\n"
               "def tries(p):\n"
@@ -126,11 +130,11 @@ def test_the_jail_leaves_only_its_copy_writable_and_hides_what_it_is_told(tmp_pa
               "        return type(e).__name__\n"
               f"print(tries('{copy_}/mine'), tries('{outside}/theirs'), tries('{sys.prefix}/mark'),\n"
               f"      os.path.exists('{hidden}/secret'), os.listdir(os.path.expanduser('~')))\n")
-    argv = jailed([sys.executable, "-c", script], writable=[copy_], hide=[hidden])
+    argv = jailed([sys.executable, "-c", script], work=copy_, out=out, hide=[hidden])
     assert argv is not None
     done = subprocess.run(argv, cwd=copy_, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    # /tmp is private to the jail: `outside` (under it) is gone, so writing there fails as well
+    # /tmp is an empty one in the jail: `outside` (under the real one) is not there
     wrote_copy, wrote_outside, wrote_prefix, sees_secret, home = done.stdout.split(" ", 4)
     assert (wrote_copy, wrote_outside, wrote_prefix, sees_secret) == ("wrote", "FileNotFoundError", "OSError",
                                                                       "False"), done.stdout
@@ -138,7 +142,7 @@ def test_the_jail_leaves_only_its_copy_writable_and_hides_what_it_is_told(tmp_pa
     needed = {Path(p).relative_to(Path.home()).parts[0] for p in (sys.prefix, sys.base_prefix)
               if Path(p).is_relative_to(Path.home())}
     assert set(json.loads(home.strip().replace("'", '"'))) <= needed, home
-    assert (copy_ / "mine").exists() and not (outside / "theirs").exists()
+    assert not (copy_ / "mine").exists() and not (outside / "theirs").exists()  # the copy the run wrote was its own
 
 
 def _tree(root: Path, module: str) -> Path:

@@ -83,9 +83,10 @@ def swe_grade(
     run's reward command)."""
     import dataclasses
     import json
+    import traceback
 
     from swe.errors import SweError
-    from swe.grade import grade
+    from swe.grade import Grade, grade
     from swe.testrun import no_leftovers
 
     instance, base = _instance(tasks, task_id)
@@ -96,6 +97,10 @@ def swe_grade(
             result = grade(instance, base, workdir, timeout_s=timeout_s, unhidden_ok=unhidden_ok)
     except SweError as exc:
         fail(str(exc))
+    except Exception as exc:  # whatever the working copy did, the reward line is printed: 0, with the reason
+        traceback.print_exc()
+        result = Grade(reward=0.0, passed=0.0, failed_tests=[*instance.fail_to_pass, *instance.pass_to_pass],
+                       refused=f"the grader failed on this working copy: {exc!r}")
     print(json.dumps(dataclasses.asdict(result)))
 
 
