@@ -44,8 +44,9 @@ from swe.testrun import (
 )
 
 REPLAY = Path(__file__).with_name("replay.py")
-#: per function: recorded calls kept, variants made of each, inputs checked at most; per call: seconds, items
-MAX_CALLS, VARIANTS_PER_CALL, MAX_INPUTS, CALL_TIMEOUT_S, MAX_ITEMS = 200, 3, 160, 2.0, 1000
+#: per function: recorded calls kept (and twice as many variants at most), variants made of each, inputs
+#: checked at most; per call: seconds, items
+MAX_CALLS, VARIANTS_PER_CALL, MAX_INPUTS, CALL_TIMEOUT_S, MAX_ITEMS = 200, 8, 160, 2.0, 1000
 #: what the replay may print: its answers are at most 64 KiB each
 MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 #: an answer that says the input could not be tried: not an input to check on

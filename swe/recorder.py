@@ -85,6 +85,8 @@ def _profile(frame: Any, event: str, arg: Any) -> None:
             return
         calls[seen] = None
         for variant in variants(call, _rng, _spec.get("variants_per_call", 3)):
+            if len(_variants[key]) >= 2 * _spec["max_calls"]:
+                break
             try:
                 _variants[key].setdefault(cloudpickle.dumps(variant), None)
             except Exception:  # a variant that does not pickle

@@ -63,8 +63,8 @@ def _text(value: Any, rng: random.Random) -> Any:
 def _sequence(value: Any, rng: random.Random) -> Any:
     items = list(value)
     how = rng.choice(("reverse", "drop", "repeat", "shuffle", "element", "iterate") if items else ("grow",))
-    if how == "iterate":  # the same items, as an iterator: a function may take another path for one
-        return iter(items)
+    if how == "iterate":  # as an iterator, a function may take another path: the same items, or changed ones
+        return iter(items if rng.random() < 0.5 else list(_sequence(value, rng)))
     if how == "reverse":
         items.reverse()
     elif how == "drop":
