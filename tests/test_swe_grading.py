@@ -4,6 +4,7 @@ fix scores 1. The task is conftest's `toolz_tasks` (toolz 1.2.0)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -220,7 +221,8 @@ def test_every_built_task_s_honest_fix_scores_1_and_no_change_0(toolz_tasks: Pat
 def test_the_graded_run_writes_nothing_outside_its_copy(toolz_tasks: Path, tmp_path: Path) -> None:
     """Class 3, past the screen: from inside the tests, the package tries to write into the user's home (where a
     git hooks path would run code at the next grading), the interpreter's site-packages, the grader's own code, the
-    private data and a folder under /tmp, and to read the private data to apply its gold patches. The jail leaves
+    private data, a folder under /tmp and the machine's cgroups, and to read the private data to apply its gold
+    patches. The jail leaves
     every mount read-only but the graded copy, and the home, the temporary folders and the tasks folder empty."""
     import secrets
     import sysconfig
@@ -228,6 +230,8 @@ def test_the_graded_run_writes_nothing_outside_its_copy(toolz_tasks: Path, tmp_p
     import swe
 
     token = secrets.token_hex(6)
+    cgroups = [Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")]
+    folders = [c / f"tether-probe-{token}" for c in cgroups if c.is_dir() and os.access(c, os.W_OK)][:1]
     marks = [Path.home() / f"tether-probe-{token}", Path(sysconfig.get_paths()["purelib"]) / f"tether_probe_{token}",
              Path(swe.__file__).parent / f"tether-probe-{token}", toolz_tasks / "private" / f"probe-{token}",
              tmp_path / "outside" / f"probe-{token}"]
@@ -241,15 +245,23 @@ for _mark in {[str(m) for m in marks]!r}:
         open(_mark, "w").write("written from the graded run")
     except OSError:
         pass
+for _folder in {[str(f) for f in folders]!r}:  # a cgroup: the machine's resource limits
+    try:
+        __import__("os").mkdir(_folder)
+    except OSError:
+        pass
 """)
 
     try:
         result = attempt(toolz_tasks, write_everywhere, tmp_path / "work", screen=False)
         assert result["hidden"] is True and result["refused"] is None, result
-        assert [m for m in marks if m.exists()] == [], "the graded run wrote outside its copy"
+        assert [m for m in [*marks, *folders] if m.exists()] == [], "the graded run wrote outside its copy"
         reading = attempt(toolz_tasks, the_fix_read_from_the_private_data, tmp_path / "reading" / "work",
                           screen=False)
         assert reading["reward"] == 0.0 and reading["dropped"] == {}, reading
     finally:
         for mark in marks:
             mark.unlink(missing_ok=True)
+        for folder in folders:
+            if folder.exists():
+                folder.rmdir()
