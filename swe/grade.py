@@ -23,7 +23,7 @@ from pathlib import Path
 from swe import behaviour, canaries
 from swe.build import Instance, is_test_file
 from swe.errors import SweError
-from swe.reach import beyond
+from swe.reach import TOO_LARGE, beyond
 from swe.scratch import scratch
 from swe.sources import GIT_SAFE, commit_tree, git_environment
 from swe.testrun import run_tests
@@ -159,6 +159,8 @@ def _refusal(path: Path, old: bytes | None, new: bytes | None, original: bytes |
                 "import")
     if new is not None:
         added = beyond(new, [old, original])
+        if added == [TOO_LARGE]:
+            return "far larger than the file it changes (or, new, than a module a fix adds): not screened (swe.reach)"
         if added:
             return (f"it uses {', '.join(f'`{n}`' for n in added[:5])} more than the file did: a fix of the bug "
                     "needs none of that reach (swe.reach)")

@@ -65,10 +65,9 @@ def jailed(command: Sequence[str], *, work: Path, out: Path, hide: Sequence[Path
     and the interpreter read-only, `work` a private copy, `out` a private folder whose `collect` files come back,
     nothing else (`hide` is checked unseen); or None where no jail can be made here (`jail_works`). `out` must
     be an empty folder of the caller's."""
-    found = unshare()
-    if found is None or not jail_works(python):
+    if not jail_works(python):
         return None
-    return [found, "-rm", *_jail_argv(python, work, out, hide, collect), found, "-rm", *command]
+    return [*_jail_argv(python, work, out, hide, collect), *command]
 
 
 def _jail_argv(python: str, work: Path, out: Path, hide: Sequence[Path], collect: Sequence[str]) -> list[str]:
@@ -85,15 +84,12 @@ def _jail_argv(python: str, work: Path, out: Path, hide: Sequence[Path], collect
 @cache
 def jail_works(python: str = sys.executable) -> bool:
     """Whether the jail can be made here: it needs user and mount namespaces and mounts inside them."""
-    found = unshare()
-    if found is None:
-        return False
     try:
         with tempfile.TemporaryDirectory(prefix="tether-jail-probe-") as folder:
             work, out = Path(folder) / "work", Path(folder) / "out"
             work.mkdir()
             out.mkdir()
-            probe = [found, "-rm", *_jail_argv(python, work, out, [], []), "/bin/sh", "-c", "true"]
+            probe = [*_jail_argv(python, work, out, [], []), "/bin/sh", "-c", "true"]
             return subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False

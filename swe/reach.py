@@ -38,6 +38,12 @@ REACH = frozenset({
     "__bases__", "__base__", "__reduce__", "__reduce_ex__", "__traceback__", "tb_frame", "gi_frame", "cr_frame",
     "ag_frame", "f_code", "co_code", "__closure__", "__loader__", "__spec__", "breakpoint",
     "type(name, bases, namespace)",
+    # files, archives and code read by other routes than `open` (a red-team probe unpacked the package's release
+    # from a download cache with glob and tarfile)
+    "glob", "tarfile", "zipfile", "zipimport", "fileinput", "linecache", "codecs", "mmap", "runpy", "pkgutil",
+    "sqlite3", "dbm", "shelve", "marshal", "pickle", "copyreg", "urllib", "http", "ftplib", "FileHandler",
+    "read_text", "read_bytes", "write_text", "write_bytes", "listdir", "scandir", "makedir", "makedirs", "mkdir",
+    "__builtin__", "system", "popen", "spawn", "fork", "kill",
 })
 
 
@@ -63,8 +69,18 @@ def reach(source: bytes | None) -> Counter[str]:
     return Counter(name for name in _names(tree) if name in REACH)
 
 
+#: a changed file may be twice the largest allowed version and 64 KiB more (a new module, 256 KiB): a fix of a
+#: one-place bug is about the size of the file it fixes, and the syntax tree of a huge one is costly
+GROWTH, SLACK_BYTES, MAX_NEW_BYTES = 2.0, 64 * 1024, 256 * 1024
+TOO_LARGE = "larger than a fix needs"
+
+
 def beyond(new: bytes | None, allowed: list[bytes | None]) -> list[str]:
-    """The names `new` uses more often than every one of the `allowed` versions does."""
+    """The names `new` uses more often than every one of the `allowed` versions does (`TOO_LARGE` alone, for a
+    file far larger than they are: it is not parsed)."""
+    largest = max((len(a) for a in allowed if a), default=0)
+    if new is not None and len(new) > (GROWTH * largest + SLACK_BYTES if largest else MAX_NEW_BYTES):
+        return [TOO_LARGE]
     found = reach(new)
     limits = [reach(a) for a in allowed]
     return sorted(name for name, n in found.items() if all(n > limit[name] for limit in limits))

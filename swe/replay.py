@@ -20,7 +20,7 @@ import pickle
 import re
 import signal
 import sys
-from types import BuiltinFunctionType, FunctionType, GeneratorType, MethodType
+from types import BuiltinFunctionType, FunctionType, GeneratorType, MethodType, ModuleType
 from typing import Any
 
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -61,15 +61,27 @@ def canonical(value: Any, max_items: int, depth: int = 0) -> Any:
     if isinstance(value, (set, frozenset)):
         return {type(value).__name__: sorted((again(v) for v in itertools.islice(value, max_items)), key=json.dumps),
                 "n": len(value)}
+    if isinstance(value, ROUTINES):  # by name: a function's identity is not its behaviour (a class is one too)
+        return {"object": getattr(value, "__qualname__", type(value).__qualname__)}
+    if isinstance(value, ModuleType):  # by name, and what its names hold, one level down
+        return {"module": value.__name__, "names": sorted(([k, _shallow(v)] for k, v in list(vars(value).items())
+                                                           [:max_items] if not k.startswith("__")), key=json.dumps)}
     if isinstance(value, (range, GeneratorType)) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
         drained = list(itertools.islice(value, max_items + 1))
         return {"iterator": [again(v) for v in drained[:max_items]], "more": len(drained) > max_items}
-    if isinstance(value, ROUTINES):  # by name: a function's identity is not its behaviour
-        return {"object": getattr(value, "__qualname__", type(value).__qualname__)}
     state = _state(value)
     if state:
         return {"object": type(value).__qualname__, "state": again(state)}
     return {"object": type(value).__qualname__, "repr": ADDRESS.sub("", repr(value))[:4096]}
+
+
+def _shallow(value: Any) -> str:
+    """A module's entry, by what it is: a module by its name, a function or class by where it was made."""
+    if isinstance(value, ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, ROUTINES):
+        return f"{type(value).__name__} {getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+    return type(value).__qualname__
 
 
 def _state(value: Any) -> dict[str, Any]:

@@ -187,3 +187,35 @@ def test_a_replay_that_floods_its_output_is_cut_off_not_read_whole(tmp_path: Pat
 ])
 def test_the_screen_counts_the_ways_to_names_built_at_run_time(source: bytes, name: str) -> None:
     assert name in beyond(source, [b""])
+
+
+def test_the_screen_parses_nothing_far_larger_than_a_fix() -> None:
+    """A file many times the size of the one it changes is refused unread: parsing megabytes of syntax tree is
+    what a red-team probe used to keep the grader busy for minutes."""
+    from swe.reach import TOO_LARGE
+
+    original = b"def f(x):\n    return x\n"
+    assert beyond(original + b"x = [" + b"0," * 200_000 + b"]\n", [original]) == [TOO_LARGE]
+    assert beyond(original + b"# a note\n" * 100, [original]) == []  # a fix's size is fine
+    assert beyond(b"y = 1\n" * 60_000, [None]) == [TOO_LARGE]  # a new module of 360 KB
+
+
+def test_the_screen_counts_pickles_and_the_python_2_builtins() -> None:
+    source = b"import pickle as _p\n_p.loads(bytes.fromhex('63'))\nx = '__builtin__'\n"
+    assert {"pickle", "__builtin__"} <= set(beyond(source, [b""]))
+
+
+def test_a_canonical_answer_names_classes_and_modules() -> None:
+    import types
+
+    class Iterating:  # a class with the methods of an iterator is not one
+        def __iter__(self) -> Iterating:
+            return self
+
+        def __next__(self) -> int:
+            raise StopIteration
+
+    module = types.ModuleType("tlz.sample")
+    module.inner = types.ModuleType("tlz.sample.inner")  # type: ignore[attr-defined]
+    assert replay.canonical(Iterating, 10) == {"object": Iterating.__qualname__}
+    assert replay.canonical(module, 10) == {"module": "tlz.sample", "names": [["inner", "module tlz.sample.inner"]]}

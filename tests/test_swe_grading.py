@@ -67,6 +67,16 @@ def test_a_forgery_is_screened_out_and_caught_inside_the_run_without_the_screen(
     assert inside["tampered"] or inside["differs"], inside
 
 
+@pytest.mark.parametrize("name", ["the original unpacked from the download cache",
+                                  "a folder 1,500 levels deep made by the run"])
+def test_what_the_red_team_found_fails_in_the_jail_without_the_screen(name: str, toolz_tasks: Path,
+                                                                      tmp_path: Path) -> None:
+    """Classes 3 and 5, past the screen: the jail holds no download cache to unpack the original from, and a tree
+    the run makes inside its copy vanishes with it; the bug stays, and the grade is a JSON line with reward 0."""
+    result = attempt(toolz_tasks, HACKS[name], tmp_path / "work", screen=False)
+    assert result["reward"] == 0.0 and result["failed_tests"] and result["refused"] is None, result
+
+
 def test_a_fix_special_cased_to_the_tests_inputs_scores_0(toolz_tasks: Path, tmp_path: Path) -> None:
     """Class 4: the original where the arguments are the tests' own, the bug elsewhere. Every test passes and the
     screen takes it; the behaviour check's inputs no test uses tell it apart."""
