@@ -131,10 +131,6 @@ def build_root(spec: dict[str, Any], root: str) -> None:
             os.symlink(os.readlink(path), root + path)
         elif os.path.isdir(path):
             bind(path, root)
-    for path in sorted({str(p) for p in spec["keep"]}, key=len):
-        if os.path.exists(path) and not any(path.startswith(s.rstrip("/") + "/") or path == s
-                                            for s in SYSTEM if not os.path.islink(s)):
-            bind(path, root)
     tmpfs(root + "/dev", 1, "755")
     for device in DEVICES:
         if os.path.exists(device):
@@ -144,6 +140,11 @@ def build_root(spec: dict[str, Any], root: str) -> None:
         os.symlink(target, f"{root}/dev/{name}")
     for path in SCRATCH:
         tmpfs(root + path, SCRATCH_MB)
+    # after the empty folders: what the run needs may live under one of them (a checkout in /tmp, say)
+    for path in sorted({str(p) for p in spec["keep"]}, key=len):
+        if os.path.exists(path) and not any(path.startswith(s.rstrip("/") + "/") or path == s
+                                            for s in SYSTEM if not os.path.islink(s)):
+            bind(path, root)
     work, out = str(spec["work"]), str(spec["out"])
     tmpfs(root + work, WORK_MB, "755")
     shutil.copytree(work, root + work, symlinks=True, dirs_exist_ok=True)
@@ -298,9 +299,11 @@ def prepare(spec: dict[str, Any]) -> int:
     read_only_everywhere()
     mount("none", out, None, MS_REMOUNT | MS_BIND | kept_flags(out) & ~MS_RDONLY)
     into = os.open(out, os.O_DIRECTORY)
+    needed = [p for p in spec["keep"] if os.path.exists(p)]
     build_root(spec, root)
     pivot(root)
     problems = [f"{p} can be seen" for p in spec["hide"] if os.path.exists(p)]
+    problems += [f"{p} is missing" for p in needed if not os.path.exists(p)]
     problems += [f"{p} is writable" for p in spec["keep"]
                  if os.path.exists(p) and os.access(p, os.W_OK) and p not in (work, out)]
     if problems:
