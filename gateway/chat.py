@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -81,6 +81,12 @@ class ChatRequest:
     tool_choice: str = "auto"  # auto, none or required
     sampling: SamplingRequest = field(default_factory=SamplingRequest)
     raw_prompt: str | None = None  # plain completions: the prompt text, no chat template
+
+    def pinned(self, temperature: float | None) -> ChatRequest:
+        """The request with the temperature the rollout's token pins (validation: greedy), whatever was asked."""
+        if temperature is None or temperature == self.sampling.temperature:
+            return self
+        return replace(self, sampling=replace(self.sampling, temperature=temperature))
 
 
 @dataclass(kw_only=True)

@@ -141,12 +141,18 @@ class RolloutStarted:
     attempt: int = 0
     retry_of: str | None = None
     weight_version: int = 0
+    #: a held-out validation rollout: scored per weight version, never trained on
+    validation: bool = False
+    #: the sampling temperature its token pins for every call; None: the harness's own
+    temperature: float | None = None
     started_at: datetime = field(default_factory=utcnow)
 
     def __post_init__(self) -> None:
         _require_ids(self, "rollout_id", "run_id", "group_id", "task_id")
         _require(self.group_size >= 1, self, "group_size must be >= 1")
         _require(self.attempt >= 0, self, "attempt must be >= 0")
+        _require(self.temperature is None or (math.isfinite(self.temperature) and self.temperature >= 0), self,
+                 "temperature must be finite and >= 0")
         _require_aware(self, "started_at")
 
 
@@ -293,6 +299,7 @@ class WeightVersionPublished:
     run_id: str
     version: int
     checkpoint_path: str | None = None
+    final: bool = False  # the trainer's last update of the run
     published_at: datetime = field(default_factory=utcnow)
 
     def __post_init__(self) -> None:
@@ -335,6 +342,47 @@ class GatewayLeft:
     def __post_init__(self) -> None:
         _require_ids(self, "run_id", "gateway_id")
         _require_aware(self, "left_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationStarted:
+    """The held-out rollouts of `version` are out: the trainer waits for their report before its next update."""
+    run_id: str
+    version: int
+    rollouts: int
+    started_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id")
+        _require(self.version >= 0, self, "version must be >= 0")
+        _require(self.rollouts >= 0, self, "rollouts must be >= 0")
+        _require_aware(self, "started_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationScore:
+    """One sampling setting's score on the held-out tasks."""
+    setting: str
+    rollouts: int
+    mean_reward: float
+    temperature: float | None = None
+    unrewarded: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationReported:
+    run_id: str
+    version: int
+    scores: list[ValidationScore]
+    seconds: float = 0.0
+    reported_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _require_ids(self, "run_id")
+        _require(self.version >= 0, self, "version must be >= 0")
+        _require(all(math.isfinite(s.mean_reward) for s in self.scores), self, "mean_reward must be finite")
+        _require_aware(self, "reported_at")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -405,6 +453,8 @@ Event = (
     | GatewayJoined
     | GatewayLeft
     | TrainerStep
+    | ValidationStarted
+    | ValidationReported
     | DeadLetter
 )
 

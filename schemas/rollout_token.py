@@ -3,7 +3,10 @@
 A token is `tr2.<rollout id, base64url>.<issued at, unix seconds>.<HMAC-SHA256 of both with the gateway
 secret, base64url>`. The controller mints it, the gateway verifies it; neither needs to remember it. The
 issue time bounds where a gateway that does not hold the rollout starts reading its history in the log.
-Tokens of the first form, `tr1.<id>.<HMAC of the id>`, still verify (with no issue time).
+A rollout whose sampling temperature the controller pins (a validation rollout, greedy) gets
+`tr3.<id>.<issued at>.<temperature in thousandths>.<HMAC of all three>`: every gateway replica applies it to
+every call of the rollout, after a restart too, and the harness cannot change it. Tokens of the first form,
+`tr1.<id>.<HMAC of the id>`, still verify (with no issue time).
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import time
 from dataclasses import dataclass
 
 PREFIX = "tr2"
+_PINNED = "tr3"
 _V1 = "tr1"
+MAX_TEMPERATURE = 2.0  # the most any API the gateway serves accepts
+_MILLI = 1000  # a pinned temperature is written in thousandths: digits only, no dot in a dotted token
 
 #: Built-in so that tests and `tether up` on one machine need no set-up; anyone can read them here. The gateway
 #: refuses to listen beyond loopback while either is in use (`GatewaySettings.check_exposure`). Kept here, where
@@ -29,6 +35,7 @@ DEVELOPMENT_ADMIN_KEY = "tether-dev-admin"
 class Claims:
     rollout_id: str
     issued_at: int | None  # unix seconds; None for a tr1 token
+    temperature: float | None = None  # pinned for every call of the rollout; None: the harness's own
 
 
 def _b64(data: bytes) -> str:
@@ -43,10 +50,29 @@ def _signature(message: str, secret: str) -> bytes:
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).digest()
 
 
-def mint(rollout_id: str, secret: str, issued_at: int | None = None) -> str:
+def pinned(temperature: float) -> float:
+    """The temperature a token pins for `temperature`: to the thousandth."""
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
+        raise ValueError(f"a pinned temperature is a number from 0 to {MAX_TEMPERATURE}, not {temperature!r}")
+    return round(temperature * _MILLI) / _MILLI
+
+
+def _temperature(text: str) -> float | None:
+    """A pinned temperature as a token writes it (thousandths, canonical digits), or None if it is not one."""
+    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0") or len(text) > 4:
+        return None
+    value = int(text)
+    return value / _MILLI if value <= MAX_TEMPERATURE * _MILLI else None
+
+
+def mint(rollout_id: str, secret: str, issued_at: int | None = None, temperature: float | None = None) -> str:
     if not rollout_id or not secret:
         raise ValueError("rollout_id and secret must not be empty")
     issued = int(time.time()) if issued_at is None else issued_at
+    if temperature is not None:
+        milli = str(round(pinned(temperature) * _MILLI))
+        signature = _signature(f"{_PINNED}|{issued}|{milli}|{rollout_id}", secret)
+        return f"{_PINNED}.{_b64(rollout_id.encode())}.{issued}.{milli}.{_b64(signature)}"
     signature = _signature(f"{PREFIX}|{issued}|{rollout_id}", secret)
     return f"{PREFIX}.{_b64(rollout_id.encode())}.{issued}.{_b64(signature)}"
 
@@ -55,20 +81,27 @@ def claims(token: str, secret: str) -> Claims | None:
     """What a valid token says, or None if it is not a valid token for this secret."""
     parts = token.split(".")
     try:
-        rollout_id = _unb64(parts[1]).decode() if len(parts) in (3, 4) else ""
+        rollout_id = _unb64(parts[1]).decode() if len(parts) in (3, 4, 5) else ""
         signature = _unb64(parts[-1])
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
     if not rollout_id:
         return None
+    temperature: float | None = None
     if len(parts) == 3 and parts[0] == _V1:
         message, issued = rollout_id, None
     elif len(parts) == 4 and parts[0] == PREFIX and parts[2].isdigit() and parts[2].isascii():
         issued = int(parts[2])
         message = f"{PREFIX}|{issued}|{rollout_id}"
+    elif (len(parts) == 5 and parts[0] == _PINNED and parts[2].isdigit() and parts[2].isascii()
+          and (temperature := _temperature(parts[3])) is not None):
+        issued = int(parts[2])
+        message = f"{_PINNED}|{issued}|{parts[3]}|{rollout_id}"
     else:
         return None
-    return Claims(rollout_id, issued) if hmac.compare_digest(signature, _signature(message, secret)) else None
+    if not hmac.compare_digest(signature, _signature(message, secret)):
+        return None
+    return Claims(rollout_id, issued, temperature)
 
 
 def verify(token: str, secret: str) -> str | None:

@@ -53,8 +53,10 @@ SAMPLES = Topic(
 CONTROL = Topic(
     "tether.control", "run_id", 1,
     (events.UpdateRequested, events.GatewayDrained, events.WeightVersionPublished, events.UpdateAborted,
-     events.GatewayJoined, events.GatewayLeft, events.TrainerStep),
-    "trainer/gateway update handshake and gateway membership, in one total order", max_bytes=1 * MiB,
+     events.GatewayJoined, events.GatewayLeft, events.TrainerStep, events.ValidationStarted,
+     events.ValidationReported),
+    "trainer/gateway update handshake, gateway membership and validation rounds, in one total order",
+    max_bytes=1 * MiB,
 )
 DEADLETTER = Topic(
     "tether.deadletter", "key", 1, (events.DeadLetter,),

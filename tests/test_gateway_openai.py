@@ -206,3 +206,23 @@ def test_a_result_is_answered_only_by_a_call_made_before_it(turns: list[tuple[st
     made_before = [{t[1] for t in turns[:i] if t[0] == "assistant"} for i in range(len(turns))]
     orphans = [i for i, (role, name) in enumerate(turns) if role == "tool" and name not in made_before[i]]
     assert found == ((orphans[0], turns[orphans[0]][1]) if orphans else None)
+
+
+def test_a_pinned_temperature_is_what_every_call_samples_with(gateway_server: RunningGateway,
+                                                              bus: BusSettings) -> None:
+    """A validation rollout's token pins greedy sampling: the harness asks for 1.0 and gets the same greedy answer
+    every time, recorded at 0.0, in either API it speaks."""
+    rollout_id = f"r-{uuid.uuid4().hex[:10]}"
+    gateway_server.register(rollout_id)
+    token = mint(rollout_id, SECRET, temperature=0.0)
+    messages: Any = [{"role": "user", "content": "Say hi."}]
+    answers = {sdk(gateway_server, token).chat.completions.create(
+        model="any", messages=messages, max_tokens=12, temperature=1.0, seed=seed).choices[0].message.content
+        for seed in (1, 2, 3)}
+    assert len(answers) == 1  # greedy: the seed makes no difference
+    anthropic = httpx.post(f"{gateway_server.url}/v1/messages", headers={"x-api-key": token}, json={
+        "model": "any", "max_tokens": 12, "temperature": 1.0, "messages": messages})
+    assert anthropic.status_code == 200, anthropic.text
+    calls = [e for e in asyncio.run(recorded(bus, rollout_id, 4)) if isinstance(e, ModelCall)]
+    assert [c.sampling.temperature for c in calls] == [0.0] * 4
+    assert json.loads(calls[0].request_json)["temperature"] == 1.0  # what the harness sent stays on the record

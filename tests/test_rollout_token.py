@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.rollout_token import Claims, claims, mint, verify
+from schemas.rollout_token import Claims, claims, mint, pinned, verify
 
 ids = st.text(min_size=1, max_size=80)
 
@@ -56,3 +56,40 @@ def test_first_form_tokens_still_verify_without_an_issue_time() -> None:
     old = f"tr1.{b64(b'r-1')}.{b64(hmac.new(b's', b'r-1', hashlib.sha256).digest())}"
     assert claims(old, "s") == Claims("r-1", None) and verify(old, "s") == "r-1"
     assert verify(old, "another secret") is None
+
+
+temperatures = st.floats(0.0, 2.0)
+
+
+@given(ids, st.integers(0, 2**40), temperatures)
+def test_a_token_carries_its_pinned_temperature(rollout_id: str, issued_at: int, temperature: float) -> None:
+    token = mint(rollout_id, "s", issued_at, temperature=temperature)
+    assert claims(token, "s") == Claims(rollout_id, issued_at, pinned(temperature))
+    assert abs(pinned(temperature) - temperature) <= 0.0005
+    assert claims(token, "another secret") is None
+
+
+@given(ids, temperatures, st.text(max_size=12))
+def test_the_pinned_temperature_cannot_be_changed_or_dropped(rollout_id: str, temperature: float,
+                                                              other: str) -> None:
+    """A harness holding a greedy validation token cannot sample otherwise, nor pass the token off as a plain one."""
+    prefix, rid, issued, milli, signature = mint(rollout_id, "s", 1000, temperature=temperature).split(".")
+    changed = claims(f"{prefix}.{rid}.{issued}.{other}.{signature}", "s")
+    assert changed is None or (other == milli and changed.temperature == pinned(temperature))
+    assert claims(f"tr2.{rid}.{issued}.{signature}", "s") is None
+    assert claims(f"{prefix}.{rid}.{issued}.{signature}", "s") is None
+
+
+@given(ids, st.integers(0, 2**40))
+def test_a_plain_token_cannot_be_given_a_temperature(rollout_id: str, issued_at: int) -> None:
+    _, rid, issued, signature = mint(rollout_id, "s", issued_at).split(".")
+    for milli in ("0", "1000", "700"):
+        assert claims(f"tr3.{rid}.{issued}.{milli}.{signature}", "s") is None
+
+
+def test_only_a_sampling_temperature_can_be_pinned() -> None:
+    import pytest
+
+    for bad in (-0.1, 2.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            mint("r-1", "s", 1, temperature=bad)
