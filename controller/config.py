@@ -45,6 +45,30 @@ class Kubernetes(Strict):
     ttl_s: int = Field(600, ge=0, description="ttlSecondsAfterFinished of each Job.")
 
 
+def _greedy() -> list[float | None]:
+    return [0.0]
+
+
+class Validation(Strict):
+    """Held-out tasks, scored per weight version with the same harness through the gateway; never trained on."""
+    dataset: Path = Field(description="JSONL of held-out tasks (the same shape as the training dataset).")
+    every: int = Field(5, ge=1, description="Validate every N weight versions, plus version 0 and the final one.")
+    temperatures: list[float | None] = Field(
+        default_factory=_greedy, min_length=1,
+        description="One setting per entry: 0 is greedy, a number pins that temperature, null leaves the "
+                    "harness's own sampling (the training one). The gateway applies it to every call.")
+    samples: int = Field(1, ge=1, description="Rollouts per task and setting.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Validation:
+        for t in self.temperatures:
+            if t is not None and not 0.0 <= t <= 2.0:
+                raise ValueError(f"validation.temperatures: {t} is not a sampling temperature (0 to 2)")
+        if len(set(self.temperatures)) != len(self.temperatures):
+            raise ValueError("validation.temperatures: each setting once")
+        return self
+
+
 class RunConfig(Strict):
     run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     dataset: Path
@@ -59,6 +83,7 @@ class RunConfig(Strict):
     sync_batch: int | None = Field(None, ge=1, description="Synchronous mode: launch this many task groups, "
                                    "wait for all of them and for the trainer's next version, repeat.")
     reward: Reward = Field(default_factory=Reward)
+    validation: Validation | None = Field(None, description="Held-out validation during training.")
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     log_dir: Path = Field(Path(".tether/runs"), description="Per-rollout logs go to LOG_DIR/RUN_ID/.")
 
@@ -82,7 +107,9 @@ def load_config(path: Path) -> RunConfig:
     commands run in `harness.workdir`, where a path relative to the controller's directory names nothing."""
     config = load_model(path, RunConfig, ConfigError)
     base = path.absolute().parent
-    resolve = {"dataset": base / config.dataset, "log_dir": base / config.log_dir}
+    resolve: dict[str, Any] = {"dataset": base / config.dataset, "log_dir": base / config.log_dir}
+    if config.validation is not None:
+        resolve["validation"] = config.validation.model_copy(update={"dataset": base / config.validation.dataset})
     harness = config.harness.model_copy(update={
         k: base / v for k, v in (("job_template", config.harness.job_template), ("workdir", config.harness.workdir))
         if v is not None})

@@ -5,6 +5,12 @@ Order per rollout: register it at the gateway, publish `RolloutStarted`
 started rollout with no harness, which the next start finishes as `lost` and
 tops up with a new attempt; nothing is launched twice because ids are
 deterministic and a started id is never planned again.
+
+With `validation` in the run file, a version that is due (`controller.validation`)
+gets a round: ValidationStarted, its rollouts (before any training rollout),
+then ValidationReported once they are done. Rounds are rebuilt from
+tether.control like everything else, so a restarted controller finishes the
+round it was running.
 """
 
 from __future__ import annotations
@@ -26,9 +32,17 @@ from controller.plan import Launch, RolloutState, RunState
 from controller.rewards import parse_reward
 from controller.runners.base import Exit, Runner, Spec
 from controller.settings import ControllerSettings
+from controller.validation import due, settings_of
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer
-from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted
+from schemas.events import (
+    Event,
+    RewardReported,
+    RolloutFinished,
+    RolloutStarted,
+    ValidationReported,
+    ValidationStarted,
+)
 from schemas.producer import EventProducer
 from schemas.rollout_token import mint
 
@@ -45,8 +59,11 @@ class Controller(Generic[S]):
     """One run's rollouts, launched by `runner` from specs that `spec_of` makes for it."""
 
     def __init__(self, config: RunConfig, settings: ControllerSettings, tasks: list[dict[str, Any]], *,
-                 runner: Runner[S], spec_of: SpecOf[S], producer: EventProducer, admin: GatewayAdmin) -> None:
+                 runner: Runner[S], spec_of: SpecOf[S], producer: EventProducer, admin: GatewayAdmin,
+                 held_out: list[dict[str, Any]] | None = None) -> None:
         self.config, self.settings, self.tasks = config, settings, tasks
+        self.held_out = held_out or []  # the validation tasks (`config.validation`)
+        self.val_settings = settings_of(config.validation.temperatures) if config.validation else []
         self.runner, self.spec_of, self.producer, self.admin = runner, spec_of, producer, admin
         self.state = RunState(config.run_id, config.group_size, config.max_attempts)
         self.launched = 0  # by this process
@@ -68,14 +85,15 @@ class Controller(Generic[S]):
                 follower.result()
             await self._recover()
             while not self._stopping:
+                await self._start_round()
                 while len(self._tasks) < self.config.concurrency and not self._stopping:
-                    launch = self.state.next_launch(self.tasks, self.config.max_groups_in_flight,
-                                                   self.config.sync_batch)
+                    launch = self._next_launch()
                     if launch is None:
                         break
                     await self._launch(launch)
-                if not self._tasks and self.state.done(self.tasks):
-                    break  # every group has its K rollouts (or ran out of attempts)
+                await self._report_round()
+                if not self._tasks and self._finished():
+                    break  # every group has its K rollouts, or the trainer is done, and the last round is in
                 self._wake.clear()
                 await self._wake.wait()
             if self._tasks:
@@ -86,6 +104,60 @@ class Controller(Generic[S]):
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
+
+    def _next_launch(self) -> Launch | None:
+        """A validation rollout of the open round first, then training, unless the trainer is done."""
+        found = self.state.open_round()
+        if found is not None and self.config.validation is not None:
+            launch = self.state.next_validation_launch(found.version, self.held_out, self.val_settings,
+                                                       self.config.validation.samples)
+            if launch is not None:
+                return launch
+        if self.state.final is not None:
+            return None  # nothing launched now could be trained on
+        return self.state.next_launch(self.tasks, self.config.max_groups_in_flight, self.config.sync_batch)
+
+    def _finished(self) -> bool:
+        if self.state.open_round() is not None or self._round_due():
+            return False
+        return self.state.done(self.tasks)
+
+    def _round_due(self) -> bool:
+        """The version the engine serves now is due for validation and has no round yet. A version whose next
+        update is already requested is let go: its rollouts would be served by the next one."""
+        v, validation = self.state.version, self.config.validation
+        return (validation is not None and v not in self.state.rounds and self.state.requested <= v
+                and due(v, validation.every, self.state.final == v))
+
+    async def _start_round(self) -> None:
+        if not self._round_due() or self.state.open_round() is not None:
+            return
+        assert self.config.validation is not None
+        n = len(self.held_out) * len(self.val_settings) * self.config.validation.samples
+        started = ValidationStarted(run_id=self.config.run_id, version=self.state.version, rollouts=n)
+        await self.producer.publish(started)
+        self._apply(started)
+        log.info("validation of version %d: %d rollouts (%s)", started.version, n,
+                 ", ".join(s.name for s in self.val_settings))
+
+    async def _report_round(self) -> None:
+        found = self.state.open_round()
+        if found is None or found.started is None or self.config.validation is None:
+            return
+        scores = self.state.round_scores(found.version, self.held_out, self.val_settings,
+                                         self.config.validation.samples)
+        if scores is None:
+            return
+        if self.state.requested > found.version:
+            log.warning("validation of version %d: the trainer requested version %d before the round was in; some "
+                        "of its calls may have been served by it", found.version, self.state.requested)
+        seconds = (datetime.now(UTC) - found.started.started_at).total_seconds()
+        reported = ValidationReported(run_id=self.config.run_id, version=found.version, scores=scores,
+                                      seconds=max(0.0, seconds))
+        await self.producer.publish(reported)
+        self._apply(reported)
+        log.info("validation of version %d in %.0f s: %s", found.version, seconds,
+                 ", ".join(f"{s.setting} {s.mean_reward:.3f} over {s.rollouts}" for s in scores))
 
     async def stop(self) -> None:
         """Launch nothing more and cancel what runs; those rollouts end `cancelled` and are topped up next time."""
@@ -123,7 +195,8 @@ class Controller(Generic[S]):
 
     def _launch_of(self, state: RolloutState) -> Launch:
         s = state.started
-        return Launch(s.rollout_id, s.group_id, json.loads(s.task_json), state.slot, s.attempt, s.retry_of)
+        return Launch(s.rollout_id, s.group_id, json.loads(s.task_json), state.slot, s.attempt, s.retry_of,
+                      validation=s.validation, temperature=s.temperature, group_size=s.group_size)
 
     def _base(self, launch: Launch, env: dict[str, str]) -> Spec:
         rid = launch.rollout_id
@@ -133,7 +206,7 @@ class Controller(Generic[S]):
     def _spec(self, launch: Launch) -> S:
         """The rollout's spec, for the runner; raises ConfigError naming a placeholder the task lacks."""
         rid, url = launch.rollout_id, self.settings.harness_url
-        token = mint(rid, self.settings.gateway_secret)
+        token = mint(rid, self.settings.gateway_secret, temperature=launch.temperature)
         values = {"rollout_id": rid, "run_id": self.config.run_id, "task_id": launch.task_id,
                   "group_id": launch.group_id, "attempt": launch.attempt}
         env = {k: fill(v, values, launch.task) for k, v in self.config.harness.env.items()}
@@ -166,9 +239,10 @@ class Controller(Generic[S]):
     async def _started(self, launch: Launch) -> RolloutStarted:
         started = RolloutStarted(
             rollout_id=launch.rollout_id, run_id=self.config.run_id, group_id=launch.group_id,
-            task_id=launch.task_id, task_json=json.dumps(launch.task), group_size=self.config.group_size,
-            runner=self.config.runner, attempt=launch.attempt, retry_of=launch.retry_of,
-            weight_version=self.state.version)
+            task_id=launch.task_id, task_json=json.dumps(launch.task),
+            group_size=launch.group_size or self.config.group_size, runner=self.config.runner,
+            attempt=launch.attempt, retry_of=launch.retry_of, weight_version=self.state.version,
+            validation=launch.validation, temperature=launch.temperature)
         await self.producer.publish(started)
         self._apply(started)
         return started

@@ -77,12 +77,13 @@ async def run(config: RunConfig, settings: ControllerSettings,
               on_tick: Callable[[Controller[Any]], None] | None = None) -> RunState:
     """Run until every task group is done, or until SIGINT/SIGTERM (then running rollouts are cancelled)."""
     tasks = load_tasks(config.dataset)
+    held_out = load_tasks(config.validation.dataset) if config.validation is not None else []
     config.run_dir.mkdir(parents=True, exist_ok=True)
     runner, spec_of = make_runner(config)
     admin = GatewayAdmin(settings.gateway_url, settings.gateway_admin_key)
     async with EventProducer(settings.bus, client_id=f"controller-{config.run_id}") as producer:
         controller: Controller[Any] = Controller(config, settings, tasks, runner=runner, spec_of=spec_of,
-                                                 producer=producer, admin=admin)
+                                                 producer=producer, admin=admin, held_out=held_out)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(controller.stop()))

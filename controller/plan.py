@@ -6,18 +6,37 @@ or `cancelled` (the controller was stopped) is followed by a new attempt with
 `retry_of` pointing at it, until `max_attempts`. A slot is done when one of
 its rollouts ends succeeded, failed or timeout (task failures are not
 retried). The run is done when every slot of every task is done (or out of
-attempts). Rollout ids are deterministic, so a restarted controller that
-rebuilt this state plans exactly the launches that are still missing.
+attempts), or when the trainer has published its final version: nothing
+launched after that can be trained on. Rollout ids are deterministic, so a
+restarted controller that rebuilt this state plans exactly the launches that
+are still missing.
+
+Validation rollouts (`controller.validation`) live in groups of their own,
+one per round, setting and held-out task, with the same slots and retries;
+they count neither towards the training groups in flight nor towards the
+dataset being done.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from schemas.events import Event, RewardReported, RolloutFinished, RolloutStarted, WeightVersionPublished, run_of
+from controller.validation import Outcome, Round, Setting, group_key, score
+from schemas.events import (
+    Event,
+    RewardReported,
+    RolloutFinished,
+    RolloutStarted,
+    UpdateRequested,
+    ValidationReported,
+    ValidationScore,
+    ValidationStarted,
+    WeightVersionPublished,
+    run_of,
+)
 
 _ID_TAIL = re.compile(r"\.r(\d+)\.a\d+$")
 DONE = frozenset({"succeeded", "failed", "timeout"})  # the slot has its rollout
@@ -32,12 +51,13 @@ def task_key(task_id: str) -> str:
     return f"{safe}-{hashlib.sha256(task_id.encode()).hexdigest()[:8]}"
 
 
-def group_id(run_id: str, task_id: str) -> str:
-    return f"{run_id}.{task_key(task_id)}"
+def group_id(run_id: str, task_id: str, validation: str | None = None) -> str:
+    """`validation`: the round and setting (`controller.validation.group_key`) of a validation group."""
+    return f"{run_id}.{task_key(task_id)}" if validation is None else f"{run_id}.{validation}.{task_key(task_id)}"
 
 
-def rollout_id(run_id: str, task_id: str, slot: int, attempt: int) -> str:
-    return f"{group_id(run_id, task_id)}.r{slot}.a{attempt}"
+def rollout_id(run_id: str, task_id: str, slot: int, attempt: int, validation: str | None = None) -> str:
+    return f"{group_id(run_id, task_id, validation)}.r{slot}.a{attempt}"
 
 
 @dataclass
@@ -57,6 +77,10 @@ class Launch:
     slot: int
     attempt: int
     retry_of: str | None
+    #: a validation rollout: the temperature its token pins (None: the harness's own) and its group's size
+    validation: bool = False
+    temperature: float | None = None
+    group_size: int | None = None
 
     @property
     def task_id(self) -> str:
@@ -69,21 +93,37 @@ class RunState:
     group_size: int
     max_attempts: int
     rollouts: dict[str, RolloutState] = field(default_factory=dict)
-    #: group id → slot → rollout ids in attempt order
+    #: group id → slot → rollout ids in attempt order (training groups)
     slots: dict[str, dict[int, list[str]]] = field(default_factory=dict)
+    #: the same for validation groups
+    validation_slots: dict[str, dict[int, list[str]]] = field(default_factory=dict)
     version: int = 0  # the latest weight version the trainer published for the run
+    final: int | None = None  # the version the trainer said was its last
+    requested: int = 0  # the latest version the trainer asked the gateways to drain for
+    rounds: dict[int, Round] = field(default_factory=dict)  # validation rounds by the version they validate
 
     def apply(self, event: Event) -> None:
         if run_of(event) != self.run_id:
             return
         if isinstance(event, WeightVersionPublished):
             self.version = max(self.version, event.version)
+            if event.final:
+                self.final = event.version
+        elif isinstance(event, UpdateRequested):
+            self.requested = max(self.requested, event.version)
+        elif isinstance(event, ValidationStarted):
+            found = self.rounds.setdefault(event.version, Round(event.version))
+            found.started = found.started or event
+        elif isinstance(event, ValidationReported):
+            found = self.rounds.setdefault(event.version, Round(event.version))
+            found.reported = found.reported or event
         elif isinstance(event, RolloutStarted):
             if event.rollout_id in self.rollouts:
                 return  # a duplicate delivery
             slot = self._slot_of(event)
             self.rollouts[event.rollout_id] = RolloutState(event, slot)
-            ids = self.slots.setdefault(event.group_id, {}).setdefault(slot, [])
+            groups = self.validation_slots if event.validation else self.slots
+            ids = groups.setdefault(event.group_id, {}).setdefault(slot, [])
             ids.append(event.rollout_id)
             ids.sort(key=lambda r: self.rollouts[r].started.attempt)
         elif isinstance(event, RolloutFinished):
@@ -102,7 +142,7 @@ class RunState:
             return int(parsed.group(1))
         if event.retry_of is not None and event.retry_of in self.rollouts:
             return self.rollouts[event.retry_of].slot
-        return len(self.slots.get(event.group_id, {}))
+        return len((self.validation_slots if event.validation else self.slots).get(event.group_id, {}))
 
     def running(self) -> list[RolloutState]:
         """Started and not finished: running, or lost while no controller watched."""
@@ -117,6 +157,20 @@ class RunState:
     def group_done(self, gid: str) -> bool:
         slots = self.slots.get(gid, {})
         return len(slots) == self.group_size and all(self._slot_done(ids) for ids in slots.values())
+
+    def _next_in_group(self, slots: dict[int, list[str]], size: int, new: Launch) -> Launch | None:
+        """The group's next rollout: a retry of a slot whose rollout was lost or cancelled, else a new slot;
+        `new` is the launch of slot 0, attempt 0, the others are derived from it."""
+        for slot, ids in sorted(slots.items()):
+            last = self.rollouts[ids[-1]]
+            if last.finished is not None and last.finished.status in RETRY and len(ids) < self.max_attempts:
+                attempt = last.started.attempt + 1
+                return replace(new, rollout_id=_with_tail(new.rollout_id, slot, attempt), slot=slot,
+                               attempt=attempt, retry_of=last.started.rollout_id)
+        if len(slots) < size:
+            slot = len(slots)
+            return replace(new, rollout_id=_with_tail(new.rollout_id, slot, 0), slot=slot)
+        return None
 
     def groups_in_flight(self) -> int:
         return sum(1 for gid in self.slots if not self.group_done(gid))
@@ -154,17 +208,54 @@ class RunState:
                 if sync_batch is not None and not self._window_open(tasks, index, sync_batch):
                     return None  # synchronous: wait for the batch to finish and the trainer to update
                 return Launch(rollout_id(self.run_id, tid, 0, 0), gid, task, 0, 0, None)
-            for slot, ids in sorted(slots.items()):
-                last = self.rollouts[ids[-1]]
-                if (last.finished is not None and last.finished.status in RETRY
-                        and len(ids) < self.max_attempts):
-                    attempt = last.started.attempt + 1
-                    return Launch(rollout_id(self.run_id, tid, slot, attempt), gid, task, slot, attempt,
-                                  last.started.rollout_id)
-            if len(slots) < self.group_size:
-                slot = len(slots)
-                return Launch(rollout_id(self.run_id, tid, slot, 0), gid, task, slot, 0, None)
+            launch = self._next_in_group(slots, self.group_size,
+                                         Launch(rollout_id(self.run_id, tid, 0, 0), gid, task, 0, 0, None))
+            if launch is not None:
+                return launch
         return None
 
     def done(self, tasks: list[dict[str, Any]]) -> bool:
-        return all(self.group_done(group_id(self.run_id, str(t["id"]))) for t in tasks)
+        """Every task group has its rollouts, or the trainer has made its last update."""
+        return self.final is not None or all(self.group_done(group_id(self.run_id, str(t["id"]))) for t in tasks)
+
+    # -- validation ----------------------------------------------------------------
+
+    def open_round(self) -> Round | None:
+        """The round started and not yet reported (at most one: the trainer waits for each)."""
+        return next((r for _, r in sorted(self.rounds.items()) if r.open), None)
+
+    def _validation_groups(self, version: int, tasks: list[dict[str, Any]], settings: list[Setting]
+                           ) -> list[tuple[Setting, dict[str, Any], str]]:
+        return [(s, t, group_id(self.run_id, str(t["id"]), group_key(version, s))) for s in settings for t in tasks]
+
+    def next_validation_launch(self, version: int, tasks: list[dict[str, Any]], settings: list[Setting],
+                               samples: int) -> Launch | None:
+        """The round's next rollout, settings then tasks in order; None when all are out."""
+        for setting, task, gid in self._validation_groups(version, tasks, settings):
+            key = group_key(version, setting)
+            first = Launch(rollout_id(self.run_id, str(task["id"]), 0, 0, key), gid, task, 0, 0, None,
+                           validation=True, temperature=setting.temperature, group_size=samples)
+            launch = self._next_in_group(self.validation_slots.get(gid, {}), samples, first)
+            if launch is not None:
+                return launch
+        return None
+
+    def round_scores(self, version: int, tasks: list[dict[str, Any]], settings: list[Setting], samples: int
+                     ) -> list[ValidationScore] | None:
+        """Each setting's score once every validation group of the round is done; None while any runs."""
+        outcomes: dict[Setting, list[Outcome]] = {s: [] for s in settings}
+        for setting, _, gid in self._validation_groups(version, tasks, settings):
+            slots = self.validation_slots.get(gid, {})
+            if len(slots) < samples or not all(self._slot_done(ids) for ids in slots.values()):
+                return None
+            for ids in slots.values():
+                finished = self.rollouts[ids[-1]].finished
+                assert finished is not None  # the slot is done
+                if finished.status in DONE:  # a slot out of attempts scores nothing: it is not the policy's doing
+                    outcomes[setting].append(Outcome(finished.status, finished.reward, finished.duration_s))
+        return [score(s, outcomes[s]) for s in settings]
+
+
+def _with_tail(rid: str, slot: int, attempt: int) -> str:
+    """A rollout id of the same group, for another slot and attempt."""
+    return _ID_TAIL.sub(f".r{slot}.a{attempt}", rid)

@@ -152,7 +152,7 @@ class Processors:
             self.calls.add(rid, call_of(call))
         log.info("rollout %s: %d calls read back from tether.calls", rid, len(found))
         result = completed(joined, self.calls)
-        if result is None:
+        if result is None and not joined.done:  # (done with nothing: a validation rollout, never a sample)
             log.warning("rollout %s is sealed and finished, but %d of its sealed calls are not on tether.calls",
                         rid, len(joined.missing(self.calls.of(rid))))
         return result

@@ -100,7 +100,8 @@ class RolloutJoin:
         elif isinstance(event, RolloutStarted):
             self.started = self.started or {"group_id": event.group_id, "task_id": event.task_id,
                                             "group_size": event.group_size, "retry_of": event.retry_of,
-                                            "started_at": event.started_at.timestamp()}
+                                            "started_at": event.started_at.timestamp(),
+                                            "validation": event.validation}
         elif isinstance(event, RewardReported) and event.call_id is not None:
             self.steps.setdefault(event.call_id, event.reward)
         elif isinstance(event, RewardReported):
@@ -110,6 +111,11 @@ class RolloutJoin:
                                               "reason": event.reason, "finished_at": _iso(event.finished_at)}
         return before != (self.run_id, self.started, self.finished, self.reward, len(self.steps), self.sealed,
                           self.first_call)
+
+    @property
+    def validation(self) -> bool:
+        """A held-out validation rollout: joined like any other, never made a sample to train on."""
+        return bool(self.started and self.started.get("validation"))
 
     @property
     def waiting_for_calls(self) -> bool:

@@ -28,11 +28,12 @@ def rollout_step(join: RolloutJoin, calls: CallStore, event: Event, offset: int 
 
 
 def completed(join: RolloutJoin, calls: CallStore) -> CompleteRollout | None:
-    """The rollout if it is complete now; then the join keeps only a marker, and its calls are let go."""
+    """The rollout if it is complete now; then the join keeps only a marker, and its calls are let go. A
+    validation rollout is let go the same way and comes out as nothing: it never reaches tether.samples."""
     held = calls.of(join.rollout_id)
     if not join.complete(held):
         return None
-    result = join.result(held)
+    result = None if join.validation else join.result(held)
     join.close()
     calls.forget(join.rollout_id)
     return result

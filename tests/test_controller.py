@@ -263,3 +263,63 @@ async def test_synchronous_mode_waits_for_the_trainer_between_batches(
     view = await asyncio.wait_for(running, 60)
     started = sorted((s.started.task_id, s.started.weight_version) for s in view.rollouts.values())
     assert started == [("t0", 0), ("t1", 0), ("t2", 1), ("t3", 1)]
+
+
+async def _control_events(bus: BusSettings, run_id: str, wanted: type, count: int) -> list[Any]:
+    """The run's first `count` events of type `wanted` on tether.control."""
+    found: list[Any] = []
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CONTROL], dlq) as consumer:
+        async with asyncio.timeout(90):
+            async for batch in consumer.batches(timeout_ms=200):
+                found += [r.event for r in batch if isinstance(r.event, wanted) and r.event.run_id == run_id]
+                if len(found) >= count:
+                    return found[:count]
+    raise AssertionError("unreachable")
+
+
+async def test_validation_rounds_at_the_first_every_nth_and_final_version(
+        bus: BusSettings, scripted_gateway: RunningGateway, tmp_path: Path, run_id: str) -> None:
+    """The trainer's versions arrive; the controller validates 0, 2 and the final 3 (not 1), each setting of each
+    held-out task with a token that pins its temperature, before any training rollout of the round's time, and
+    stops launching training rollouts once the trainer is done, then exits by itself."""
+    from schemas.events import ValidationReported, ValidationStarted, WeightVersionPublished
+    from schemas.rollout_token import claims
+
+    (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(t) + "\n" for t in [
+        {"id": "h1", "reward": 1.0}, {"id": "h2", "reward": 0.0}, {"id": "h3", "reward": 0.5}]))
+    tasks = [{"id": f"t{i}", "reward": 1.0, "sleep": 0.3} for i in range(200)]
+    config = load_config(write_run(tmp_path, run_id, tasks, group_size=2, concurrency=4, validation={
+        "dataset": "held_out.jsonl", "every": 2, "temperatures": [0.0, None]}))
+    controller = asyncio.create_task(run(config, settings(bus, scripted_gateway)))
+    async with EventProducer(bus) as trainer:
+        for version in (0, 2, 3):
+            reports = await _control_events(bus, run_id, ValidationReported, {0: 1, 2: 2, 3: 3}[version])
+            assert reports[-1].version == version
+            if version == 0:
+                for v in (1, 2):
+                    await trainer.publish(WeightVersionPublished(run_id=run_id, version=v))
+            elif version == 2:
+                await trainer.publish(WeightVersionPublished(run_id=run_id, version=3, final=True))
+    state = await asyncio.wait_for(controller, 90)  # it ends by itself after the final round
+    assert state.final == 3 and sorted(state.rounds) == [0, 2, 3]
+    started = await _control_events(bus, run_id, ValidationStarted, 3)
+    assert [s.version for s in started] == [0, 2, 3] and all(s.rollouts == 6 for s in started)
+    for report in reports:
+        assert [(s.setting, s.temperature, s.rollouts, s.mean_reward) for s in report.scores] == \
+            [("greedy", 0.0, 3, 0.5), ("harness", None, 3, 0.5)]
+    held = [s.started for s in state.rollouts.values() if s.started.validation]
+    assert len(held) == 18 and {(s.weight_version, s.temperature) for s in held} == \
+        {(v, t) for v in (0, 2, 3) for t in (0.0, None)}
+    assert all(s.group_size == 1 and ".val" in s.group_id for s in held)
+    order = sorted(state.rollouts.values(), key=lambda s: s.started.started_at)
+    assert all(s.started.validation for s in order[:6])  # the first round went out before any training rollout
+    final_seen = max(s.started_at for s in held if s.weight_version == 3)
+    assert not any(s.started.started_at > final_seen for s in order if not s.started.validation)
+    assert not any(s.started.weight_version == 3 for s in order if not s.started.validation)
+    assert state.slots and not any(gid in state.slots for gid in state.validation_slots)
+    # Each harness's key pins its setting's temperature (the gateway applies it to every call); training keys pin
+    # nothing.
+    keys = {line.split()[0]: line.split()[2] for line in (tmp_path / "ledger").read_text().splitlines()}
+    for s in state.rollouts.values():
+        found = claims(keys[s.started.rollout_id], SECRET)
+        assert found is not None and found.temperature == s.started.temperature

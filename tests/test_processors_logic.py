@@ -142,3 +142,41 @@ def test_a_group_state_reads_back_what_it_wrote_and_the_older_layout(seed: int, 
     state.emitted = True
     marker = GroupState.loads(state.dumps())
     assert marker.emitted and not marker.rollouts
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 10))
+def test_validation_rollouts_never_become_samples(seed: int, duplicates: int) -> None:
+    """Held-out rollouts are joined (their state closes like any other) but no task group ever holds one, in any
+    order of their events; the training groups beside them come out as they would alone."""
+    training = synthetic_run("run", groups=2, group_size=2, seed=seed % 1000)
+    held_out = [RolloutStarted(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "validation": True,
+                                  "group_id": e.group_id.replace("run.", "run.val3-greedy.")})
+                if isinstance(e, RolloutStarted) else e
+                for e in synthetic_run("run", groups=2, group_size=2, seed=seed % 1000 + 1)
+                for e in [_renamed(e, "v-")]]
+    alone = rebuild(training, "run", Policy())
+    mixed = shuffle_within_rollouts(training + held_out, random.Random(seed), duplicates)
+    assert content_hash(rebuild(mixed, "run", Policy())) == content_hash(alone)
+    assert not any(r.rollout_id.startswith("v-") for g in rebuild(mixed, "run", Policy()) for r in g.rollouts)
+    joins: dict[str, RolloutJoin] = {}
+    calls = MemoryCalls()
+    for event in held_out:
+        rid = rollout_of(event)
+        assert rid is not None
+        _, result = rollout_step(joins.setdefault(rid, RolloutJoin(rid)), calls, event)
+        assert result is None
+    assert all(j.done for j in joins.values()) and not calls.of(next(iter(joins)))
+
+
+def _renamed(event: Event, prefix: str) -> Event:
+    """The event about another rollout (`prefix` + its id), as a second run's would be."""
+    fields = {f: getattr(event, f) for f in event.__dataclass_fields__}
+    fields["rollout_id"] = prefix + fields["rollout_id"]
+    if isinstance(event, RolloutSealed):
+        fields["call_ids"] = [prefix + c for c in event.call_ids]
+    if isinstance(event, ModelCall):
+        fields["call_id"] = prefix + event.call_id
+        if event.extends is not None:
+            fields["extends"] = prefix + event.extends
+    return type(event)(**fields)
