@@ -24,7 +24,7 @@ from controller.recorded import read_run
 from controller.settings import ControllerSettings
 from schemas import topics
 from schemas.consumer import EventConsumer
-from schemas.events import RolloutSealed, RolloutStarted
+from schemas.events import RolloutSealed, RolloutStarted, run_of
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from tests.conftest import ADMIN_KEY, SECRET, RunningGateway
@@ -271,7 +271,7 @@ async def _control_events(bus: BusSettings, run_id: str, wanted: type, count: in
     async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CONTROL], dlq) as consumer:
         async with asyncio.timeout(90):
             async for batch in consumer.batches(timeout_ms=200):
-                found += [r.event for r in batch if isinstance(r.event, wanted) and r.event.run_id == run_id]
+                found += [r.event for r in batch if isinstance(r.event, wanted) and run_of(r.event) == run_id]
                 if len(found) >= count:
                     return found[:count]
     raise AssertionError("unreachable")
