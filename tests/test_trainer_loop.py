@@ -33,6 +33,9 @@ from schemas.events import (
     TrainerStep,
     UpdateAborted,
     UpdateRequested,
+    ValidationReported,
+    ValidationScore,
+    ValidationStarted,
     WeightVersionPublished,
     run_of,
 )
@@ -164,6 +167,47 @@ async def test_an_update_the_backend_could_not_apply_is_aborted_and_requested_ag
     for e in events[:[type(e) for e in events].index(UpdateAborted) + 2]:
         control.apply(e)
     assert control.pending == 1  # requested again after its abort: pending, for a trainer restarted now
+
+
+async def test_an_update_waits_for_the_validation_of_the_version_served_and_the_loggers_get_each_round(
+        bus: BusSettings, own_engine: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    """The controller validates version 0: update 1 is not requested before its report. The last version is
+    published as final, and the trainer stays for its round, so TensorBoard has `val/...` at both versions."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+
+    def report(version: int, reward: float) -> ValidationReported:
+        return ValidationReported(run_id=run_id, version=version, seconds=1.5, scores=[
+            ValidationScore(setting="greedy", temperature=0.0, rollouts=4, mean_reward=reward)])
+
+    with gateway(bus, own_engine, tiny_model, tmp_path / "gateway.log", run_id=run_id):
+        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
+                               engine_url=own_engine.url, batch_groups=2, max_updates=2, zero_variance="keep")
+        async with EventProducer(bus) as controller:
+            await controller.publish(ValidationStarted(run_id=run_id, version=0, rollouts=4))
+            await controller.publish_many(task_groups(run_id, 4))
+            trainer = asyncio.create_task(Trainer(config, bus).run())
+            await asyncio.sleep(8)  # long enough for the trainer to start and have a batch
+            assert not [e for e in await control_events(bus, run_id) if isinstance(e, UpdateRequested)]
+            await controller.publish(report(0, 0.25))
+            async with asyncio.timeout(180):
+                while not any(isinstance(e, WeightVersionPublished) and e.final  # noqa: ASYNC110  # the log is polled: no event to wait on
+                              for e in await control_events(bus, run_id)):
+                    await asyncio.sleep(0.5)
+            await asyncio.sleep(2)
+            assert not trainer.done()  # it waits for the final version's round
+            await controller.publish(ValidationStarted(run_id=run_id, version=2, rollouts=4))
+            await controller.publish(report(2, 0.75))
+            state = await asyncio.wait_for(trainer, 60)
+        events = await control_events(bus, run_id)
+    assert state.version == 2
+    published = [(e.version, e.final) for e in events if isinstance(e, WeightVersionPublished)]
+    assert published == [(1, False), (2, True)]
+    order = [(type(e).__name__, getattr(e, "version", None)) for e in events
+             if isinstance(e, UpdateRequested | ValidationReported)]
+    assert order[:2] == [("ValidationReported", 0), ("UpdateRequested", 1)]
+    logged = tensorboard_scalars(config.run_dir / "tensorboard")
+    assert logged["val/greedy/reward"] == [(0, 0.25), (2, 0.75)]
+    assert logged["val/greedy/rollouts"] == [(0, 4.0), (2, 4.0)]
 
 
 def test_a_member_is_silent_once_its_lease_passes_and_heartbeats_and_drains_renew_it() -> None:

@@ -50,6 +50,10 @@ class TrainerConfig(BaseModel):
     epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs).")
     mini_batches: int = Field(1, ge=1, description="Optimiser steps per pass, each on a share of the rows.")
     drain_timeout_s: float = Field(120.0, gt=0, description="How long to wait for every gateway to drain.")
+    validation_wait_s: float = Field(
+        900.0, ge=0, description="How long an update waits for the controller's validation round of the current "
+                                 "version to be reported (so the round is served by that version alone), and how "
+                                 "long the trainer waits after its last update for that version's round.")
     gateway_lease_s: float = Field(
         30.0, gt=0, description="A gateway not heard from for this long (it heartbeats every 10 s by default) is "
                                 "taken for dead while an update waits for it: written off with a GatewayLeft.")

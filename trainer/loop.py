@@ -37,6 +37,8 @@ from schemas.events import (
     TaskGroup,
     UpdateAborted,
     UpdateRequested,
+    ValidationReported,
+    ValidationStarted,
     WeightVersionPublished,
     run_of,
 )
@@ -51,7 +53,7 @@ from trainer.config import TrainerConfig
 from trainer.errors import DrainTimeout, EngineError, UpdateFailed
 from trainer.learner import pick_device
 from trainer.metrics import UpdateRecord
-from trainer.tracking import Timing, Tracker, open_tracking, scalars
+from trainer.tracking import Timing, Tracker, open_tracking, scalars, validation_scalars
 
 log = logging.getLogger("tether.trainer")
 UPDATE_ATTEMPTS = 3  # of one batch, when the backend loses its workers
@@ -70,6 +72,8 @@ class Control:
     requested: int = 0
     settled: int = 0  # the latest version published or aborted
     open: bool = False  # the latest request is not settled yet
+    validating: set[int] = field(default_factory=set)  # versions whose validation round is out
+    validated: dict[int, ValidationReported] = field(default_factory=dict)  # and those reported
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     clock: Callable[[], float] = time.monotonic
 
@@ -90,7 +94,15 @@ class Control:
         elif isinstance(event, WeightVersionPublished | UpdateAborted):
             self.settled = max(self.settled, event.version)
             self.open = self.open and self.settled < self.requested
+        elif isinstance(event, ValidationStarted):
+            self.validating.add(event.version)
+        elif isinstance(event, ValidationReported):
+            self.validated.setdefault(event.version, event)
         self.changed.set()
+
+    def validation_pending(self, version: int) -> bool:
+        """The controller is validating `version`: its calls must all be served by it."""
+        return version in self.validating and version not in self.validated
 
     @property
     def pending(self) -> int | None:
@@ -151,6 +163,7 @@ class Trainer:
         self.control = Control(run_id=config.run_id)
         self.device = pick_device(config.device)
         self._caught_up = asyncio.Event()
+        self._tracker: Tracker | None = None  # validation rounds are logged as they are reported
 
     # -- start-up ------------------------------------------------------------------
 
@@ -168,8 +181,15 @@ class Trainer:
             async for item in c.follow(timeout_ms=100):
                 if isinstance(item, CaughtUp):
                     self._caught_up.set()
-                else:
-                    self.control.apply(item.event)
+                    continue
+                event = item.event
+                # reported while this trainer runs (a restart does not log the earlier rounds twice)
+                fresh = (isinstance(event, ValidationReported) and event.version not in self.control.validated
+                         and self._caught_up.is_set())
+                self.control.apply(event)
+                if fresh and self._tracker is not None and run_of(event) == self.config.run_id:
+                    assert isinstance(event, ValidationReported)
+                    self._tracker.log(validation_scalars(event), step=event.version)
 
     async def _settle(self, run: Session) -> None:
         """An update a crash interrupted: publish it if its checkpoint was committed, else abort it."""
@@ -181,7 +201,8 @@ class Trainer:
             return
         if pending == run.state.version:
             await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=run.state.version,
-                                                              checkpoint_path=str(found)))
+                                                              checkpoint_path=str(found),
+                                                              final=self._done(run.state)))
         else:
             await run.producer.publish(UpdateAborted(run_id=self.config.run_id, version=pending,
                                                      reason="the trainer restarted before committing this update"))
@@ -193,6 +214,7 @@ class Trainer:
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         engine = EngineLink(self.config.engine_url)
         tracker = await asyncio.to_thread(open_tracking, self.config) if self.config.logger else None
+        self._tracker = tracker
         async with EventProducer(self.bus, client_id=f"trainer-{self.config.run_id}") as producer:
             run = Session(backend=backend, state=state, producer=producer, engine=engine, tracker=tracker)
             follower = asyncio.create_task(self._follow_control(producer))
@@ -201,6 +223,7 @@ class Trainer:
                 await self._settle(run)
                 if not self._done(state):
                     await self._train(run)
+                await self._final_validation(state)
             finally:
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -267,6 +290,7 @@ class Trainer:
         recipe = self.config.advantage
         chosen = select(groups, state.version, self.config.max_staleness, self.config.zero_variance, recipe)
         scored = ScoredGroups.of(chosen.groups, recipe)  # once: trained on and published alike
+        await self._wait_validation(state.version)
         await run.producer.publish(UpdateRequested(run_id=self.config.run_id, version=version,
                                                    n_task_groups=len(chosen.groups)))
         await self._wait_drained(run.producer, version)
@@ -292,11 +316,43 @@ class Trainer:
         run.idle_since = committed
         await run.producer.publish(record.event(self.config.run_id))
         await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=version,
-                                                          checkpoint_path=str(final)))
+                                                          checkpoint_path=str(final), final=self._done(state)))
         log.info("version %d: %d task groups, loss %.4f, mean reward %.3f", version, len(chosen.groups),
                  metrics.loss, record.mean_reward)
         if self.on_update is not None:
             self.on_update(row)
+
+    async def _wait_validation(self, version: int) -> None:
+        """While the controller validates the version the engine serves, the next update waits: the round's calls
+        are all served by the version it scores. Bounded: a controller that died mid-round does not stop training."""
+        deadline = time.monotonic() + self.config.validation_wait_s
+        if self.control.validation_pending(version):
+            log.info("version %d: waiting for its validation round before the next update", version)
+        while self.control.validation_pending(version):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("version %d: its validation round was not reported within %.0f s; updating anyway (the "
+                            "round's later calls will be served by the next version)", version,
+                            self.config.validation_wait_s)
+                return
+            self.control.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.control.changed.wait(), min(remaining, 1.0))
+
+    async def _final_validation(self, state: TrainerState) -> None:
+        """After the last update of a run that validates, its version's round, so that the loggers have it."""
+        version = state.version
+        if not self.control.validating or not self._done(state):
+            return
+        deadline = time.monotonic() + self.config.validation_wait_s
+        log.info("version %d is the last: waiting for its validation round", version)
+        while version not in self.control.validated and time.monotonic() < deadline:
+            self.control.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.control.changed.wait(), 1.0)
+        if version not in self.control.validated:
+            log.warning("version %d: no validation round was reported within %.0f s", version,
+                        self.config.validation_wait_s)
 
     async def _commit(self, run: Session, version: int) -> Path:
         """Stage the checkpoint, load it into the engine, then commit it: the update counts from here."""

@@ -1,7 +1,8 @@
 """Every update's numbers where people watch training: verl's tracking layer (console, TensorBoard, W&B, MLflow...).
 
 `scalars` is pure: an update's record and its batch → the names and values
-logged, in verl's `section/name` style. `open_tracking` starts verl's
+logged, in verl's `section/name` style; `validation_scalars` the same for a
+held-out validation round (`val/...`). `open_tracking` starts verl's
 `Tracking` for the run with TensorBoard's event files under the run's folder.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from schemas.events import TaskGroup
+from schemas.events import TaskGroup, ValidationReported
 from trainer.config import TrainerConfig
 from trainer.metrics import UpdateRecord
 
@@ -52,6 +53,17 @@ def scalars(record: UpdateRecord, groups: Sequence[TaskGroup], timing: Timing) -
     }
     for task, values in sorted(by_task.items()):
         out[f"reward_by_task/{task}"] = sum(values) / len(values)
+    return out
+
+
+def validation_scalars(report: ValidationReported) -> dict[str, float]:
+    """A validation round's figures, logged at the step of the version it validated."""
+    out: dict[str, float] = {"val/seconds": report.seconds}
+    for s in report.scores:
+        out[f"val/{s.setting}/reward"] = s.mean_reward
+        out[f"val/{s.setting}/rollouts"] = float(s.rollouts)
+        out[f"val/{s.setting}/unrewarded"] = float(s.unrewarded)
+        out[f"val/{s.setting}/duration_s"] = s.duration_s
     return out
 
 
