@@ -11,8 +11,8 @@ from rich.table import Table
 
 from analytics.sink import query
 
-QUERIES = ("reward_per_version", "tokens_per_rollout", "calls_per_rollout", "gateway_latency", "staleness",
-           "failures_by_status", "updates")
+QUERIES = ("reward_per_version", "validation_per_version", "tokens_per_rollout", "calls_per_rollout",
+           "gateway_latency", "staleness", "failures_by_status", "updates")
 Result = tuple[list[str], list[tuple[Any, ...]]]
 
 
@@ -34,6 +34,17 @@ def print_results(results: dict[str, Result], run_id: str, console: Console) -> 
         console.print(table)
 
 
+def by_setting(result: Result) -> dict[str, tuple[list[Any], list[Any]]]:
+    """validation_per_version's rows as one curve per sampling setting: (versions, mean rewards)."""
+    columns, rows = result
+    curves: dict[str, tuple[list[Any], list[Any]]] = {}
+    for row in rows:
+        versions, rewards = curves.setdefault(row[columns.index("setting")], ([], []))
+        versions.append(row[columns.index("version")])
+        rewards.append(row[columns.index("mean_reward")])
+    return curves
+
+
 def plot(results: dict[str, Result], run_id: str, out: Path) -> Path:
     import matplotlib
 
@@ -47,7 +58,13 @@ def plot(results: dict[str, Result], run_id: str, out: Path) -> Path:
         columns, rows = results[name]
         return [r[columns.index(col)] for r in rows] if col in columns else []  # no rows: no column names
 
-    a.plot(column("reward_per_version", "weight_version"), column("reward_per_version", "mean_reward"), "o-")
+    a.plot(column("reward_per_version", "weight_version"), column("reward_per_version", "mean_reward"), "o-",
+           label="training")
+    validation = by_setting(results["validation_per_version"])
+    for setting, (versions, rewards) in validation.items():
+        a.plot(versions, rewards, "s--", label=f"validation, {setting}")
+    if validation:
+        a.legend()
     a.set(title="mean reward per weight version", xlabel="weight version", ylabel="reward")
     names = ["completion_p50", "completion_p90", "completion_max", "completion_mean"]
     values = [column("tokens_per_rollout", n)[0] if results["tokens_per_rollout"][1] else 0 for n in names]

@@ -22,6 +22,7 @@ from schemas.events import (
     RolloutStarted,
     TaskGroup,
     TrainerStep,
+    ValidationReported,
     WeightVersionPublished,
 )
 
@@ -32,20 +33,34 @@ COLUMNS = {
               "finish_reason", "prompt_tokens", "completion_tokens", "weight_version", "engine_ms", "queued_ms",
               "latency_ms", "received_at"],
     "rollouts": ["run_id", "rollout_id", "group_id", "task_id", "attempt", "retry_of", "runner", "weight_version",
-                 "started_at"],
+                 "started_at", "validation", "temperature"],
     "rollout_results": ["run_id", "rollout_id", "status", "reward", "exit_code", "duration_s", "reason",
                         "finished_at"],
     "task_groups": ["run_id", "group_id", "task_id", "group_size", "rollouts", "dropped", "partial",
                     "trainable_tokens", "mean_reward", "min_version", "max_version", "created_at"],
-    "weight_versions": ["run_id", "version", "checkpoint_path", "published_at"],
+    "weight_versions": ["run_id", "version", "checkpoint_path", "published_at", "final"],
     "updates": ["run_id", "version", "task_groups", "tokens", "mean_reward", "loss", "entropy", "clip_fraction",
                 "kl", "grad_norm", "staleness_mean", "staleness_max", "dropped_stale", "dropped_no_signal",
                 "seconds", "stepped_at"],
+    "validation_scores": ["run_id", "version", "setting", "temperature", "rollouts", "mean_reward", "unrewarded",
+                          "duration_s", "reported_at"],
 }
 
 
+def rows_for(event: Event) -> list[tuple[str, list[Any]]]:
+    """Each (table, row) an event becomes, none for events analytics does not keep: a validation report is a row
+    per setting it scored."""
+    if isinstance(event, ValidationReported):
+        return [("validation_scores", [event.run_id, event.version, s.setting, s.temperature, s.rollouts,
+                                       s.mean_reward, s.unrewarded, s.duration_s, event.reported_at])
+                for s in event.scores]
+    found = row_for(event)
+    return [] if found is None else [found]
+
+
 def row_for(event: Event) -> tuple[str, list[Any]] | None:
-    """The table and row an event becomes; None for events analytics does not keep."""
+    """The table and row an event of one row becomes; None for events analytics does not keep, or keeps as
+    several rows (`rows_for`)."""
     if isinstance(event, ModelCall):
         t = event.timings
         latency = (t.finished_at - t.received_at).total_seconds() * 1000
@@ -55,7 +70,8 @@ def row_for(event: Event) -> tuple[str, list[Any]] | None:
                          t.engine_ms, t.queued_ms, latency, t.received_at]
     if isinstance(event, RolloutStarted):
         return "rollouts", [event.run_id, event.rollout_id, event.group_id, event.task_id, event.attempt,
-                            event.retry_of, event.runner, event.weight_version, event.started_at]
+                            event.retry_of, event.runner, event.weight_version, event.started_at,
+                            event.validation, event.temperature]
     if isinstance(event, RolloutFinished):
         return "rollout_results", [event.run_id, event.rollout_id, event.status, event.reward, event.exit_code,
                                    event.duration_s, event.reason, event.finished_at]
@@ -71,7 +87,8 @@ def row_for(event: Event) -> tuple[str, list[Any]] | None:
     if isinstance(event, TrainerStep):
         return "updates", [getattr(event, name) for name in COLUMNS["updates"]]
     if isinstance(event, WeightVersionPublished):
-        return "weight_versions", [event.run_id, event.version, event.checkpoint_path, event.published_at]
+        return "weight_versions", [event.run_id, event.version, event.checkpoint_path, event.published_at,
+                                   event.final]
     return None
 
 
@@ -82,13 +99,21 @@ def absolute(dsn: str) -> str:
     return dsn
 
 
+def statements(sql: str) -> list[str]:
+    """The `;`-separated statements of a SQL file, leaving out what holds only comments."""
+    def code(part: str) -> bool:
+        return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
+
+    return [part.strip() for part in sql.split(";") if code(part)]
+
+
 def connect(dsn: str) -> Client:
+    """A client whose tables are as schema.sql has them: made if missing, given the columns added since."""
     dsn = absolute(dsn)
     try:
         client = clickhouse_connect.get_client(dsn=dsn)
-        for statement in SCHEMA.read_text().split(";"):
-            if "CREATE" in statement:
-                client.command(statement)
+        for statement in statements(SCHEMA.read_text()):
+            client.command(statement)
     except Exception as exc:  # clickhouse-connect and chdb raise their own trees
         raise ConnectFailed(f"ClickHouse at {dsn}: {exc}") from exc
     return client
@@ -103,9 +128,8 @@ class Sink:
         self.written = 0
 
     def add(self, event: Event) -> None:
-        found = row_for(event)
-        if found is not None:
-            self.pending[found[0]].append(found[1])
+        for table, row in rows_for(event):
+            self.pending[table].append(row)
 
     def flush(self) -> int:
         n = 0

@@ -74,11 +74,13 @@ def chat_call(rng: random.Random, *, run_id: str, rid: str, seq: int, messages: 
 
 
 def rollout(rng: random.Random, run_id: str, gid: str, task: str, k: int, version: int,
-            reward: float | None) -> list[ev.Event]:
+            reward: float | None, validation: bool = False, temperature: float | None = None,
+            group_size: int = 3) -> list[ev.Event]:
     rid = f"{gid}.r{k}.a0"
     out: list[ev.Event] = [ev.RolloutStarted(rollout_id=rid, run_id=run_id, group_id=gid, task_id=task,
-                                             task_json=json.dumps({"id": task}), group_size=3,
-                                             weight_version=version, started_at=T0)]
+                                             task_json=json.dumps({"id": task}), group_size=group_size,
+                                             weight_version=version, validation=validation,
+                                             temperature=temperature, started_at=T0)]
     messages: list[dict[str, object]] = [{"role": "system", "content": SYSTEM},
                                          {"role": "user", "content": f"Task {task}: find the letter A."}]
     calls = []
@@ -100,9 +102,35 @@ def rollout(rng: random.Random, run_id: str, gid: str, task: str, k: int, versio
     return out
 
 
-def recorded_run(run_id: str, seed: int = 0) -> list[ev.Event]:
+#: the held-out rewards of each validated version's rollouts, per sampling setting (and its pinned temperature)
+VALIDATION: dict[int, dict[tuple[str, float | None], list[float]]] = {
+    0: {("greedy", 0.0): [0.0, 0.5], ("harness", None): [0.0, 0.0]},
+    2: {("greedy", 0.0): [1.0, 0.5], ("harness", None): [0.5, 0.0]},
+}
+HELD_OUT = sum(len(rewards) for rounds in VALIDATION.values() for rewards in rounds.values())
+
+
+def validation_round(rng: random.Random, run_id: str, version: int) -> list[ev.Event]:
+    """One round of held-out validation as the controller records it: a group of rollouts per sampling setting
+    (all scored 0 where nothing trains on them), then the report of their mean rewards."""
+    settings = VALIDATION[version]
+    out: list[ev.Event] = [ev.ValidationStarted(run_id=run_id, version=version,
+                                                rollouts=sum(map(len, settings.values())), started_at=T0)]
+    scores = []
+    for (setting, temperature), rewards in settings.items():
+        gid = f"{run_id}.held-out-v{version}-{setting}/0"
+        for k, reward in enumerate(rewards):
+            out += rollout(rng, run_id, gid, "held-out-0", k, version, reward, validation=True,
+                           temperature=temperature, group_size=len(rewards))
+        scores.append(ev.ValidationScore(setting=setting, rollouts=len(rewards), temperature=temperature,
+                                         mean_reward=sum(rewards) / len(rewards), duration_s=5.0))
+    out.append(ev.ValidationReported(run_id=run_id, version=version, scores=scores, seconds=6.0, reported_at=T0))
+    return out
+
+
+def recorded_run(run_id: str, seed: int = 0, validation: bool = False) -> list[ev.Event]:
     """Four task groups of three rollouts over two weight versions, with two updates, as the services record
-    them (calls as their differences)."""
+    them (calls as their differences); with `validation`, held-out rounds before training and after it."""
     rng = random.Random(seed)
     out: list[ev.Event] = []
     for g in range(4):
@@ -110,6 +138,8 @@ def recorded_run(run_id: str, seed: int = 0) -> list[ev.Event]:
         rewards: list[float | None] = [1.0, 0.0, 1.0] if g % 2 == 0 else [0.0, 1.0, None]
         for k, reward in enumerate(rewards):
             out += rollout(rng, run_id, f"{run_id}.letters-{g}/0", f"letters-{g}", k, version, reward)
+    for version in VALIDATION if validation else ():
+        out += validation_round(rng, run_id, version)
     out = as_recorded(out)
     out += rebuild(out, run_id, Policy())
     given = {1: [ev.RolloutAdvantage(group_id=f"{run_id}.letters-0/0", rollout_id=f"{run_id}.letters-0/0.r{k}.a0",
@@ -121,7 +151,8 @@ def recorded_run(run_id: str, seed: int = 0) -> list[ev.Event]:
                                   mean_reward=0.4 + 0.2 * version, loss=0.05 / version, entropy=2.0, clip_fraction=0.1,
                                   kl=0.01, grad_norm=1.0, staleness_mean=0.5, staleness_max=1.0, dropped_stale=0,
                                   dropped_no_signal=0, seconds=3.0, advantages=given.get(version, [])))
-        out.append(ev.WeightVersionPublished(run_id=run_id, version=version, checkpoint_path=f"/ckpt/v{version}"))
+        out.append(ev.WeightVersionPublished(run_id=run_id, version=version, checkpoint_path=f"/ckpt/v{version}",
+                                             final=version == 2))
     return out
 
 
@@ -140,7 +171,7 @@ class View:
 @pytest.fixture(scope="module")
 def view(bus: BusSettings, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[View]:
     run_id = f"view-{uuid.uuid4().hex[:8]}"
-    asyncio.run(publish(bus, recorded_run(run_id)))
+    asyncio.run(publish(bus, recorded_run(run_id, validation=True)))
     folder = tmp_path_factory.mktemp("view")
     port = free_port()
     url, process = spawn(["tether.cli", "view", "--run", run_id, "--dsn", f"chdb://{folder / 'store'}", "--model",
@@ -159,12 +190,14 @@ def view(bus: BusSettings, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
 def test_rollouts_filter_and_bad_filters_get_a_clear_error(view: View) -> None:
     rollouts = f"{view.url}/api/runs/{view.run_id}/rollouts"
     every = httpx.get(rollouts).json()
-    assert len(every) == 12 and {r["status"] for r in every} == {"succeeded", "failed"}
+    assert len(every) == 12 + HELD_OUT and {r["status"] for r in every} == {"succeeded", "failed"}
+    assert sum(r["validation"] for r in every) == HELD_OUT
+    assert len(httpx.get(rollouts, params={"validation": "false"}).json()) == 12
     assert len(httpx.get(rollouts, params={"status": "failed"}).json()) == 2
     assert {r["task_id"] for r in httpx.get(rollouts, params={"task": "letters-1"}).json()} == {"letters-1"}
     assert {r["version"] for r in httpx.get(rollouts, params={"version": "1"}).json()} == {1}
     assert all(r["reward"] >= 0.5 for r in httpx.get(rollouts, params={"reward_min": "0.5"}).json())
-    assert len(httpx.get(rollouts, params={"version": "", "task": ""}).json()) == 12  # a blank form field
+    assert len(httpx.get(rollouts, params={"version": "", "task": ""}).json()) == 12 + HELD_OUT  # a blank field
     bad = httpx.get(rollouts, params={"version": "latest"})
     assert bad.status_code == 422 and "version" in bad.text
     assert httpx.get(f"{view.url}/runs/{view.run_id}/rollouts/no-such-rollout").status_code == 404
@@ -220,6 +253,11 @@ def test_every_view_in_headless_chromium(view: View, browser: WebDriver, tmp_pat
     assert len(charts["mean reward by update"].find_elements(By.CSS_SELECTOR, "circle")) == 2
     band = charts["reward by sampling weight version (± spread)"]
     assert band.find_elements(By.CSS_SELECTOR, "polygon")  # the spread
+    settings = sorted({setting for rounds in VALIDATION.values() for setting, _ in rounds})
+    assert [s.text for s in band.find_elements(By.CSS_SELECTOR, ".legend span")] == [
+        "training", *(f"validation: {s}" for s in settings)]
+    assert len(band.find_elements(By.CSS_SELECTOR, "polyline[stroke-dasharray]")) == len(settings)
+    assert len(find("#validation tbody tr")) == sum(map(len, VALIDATION.values()))
     assert [c.text for c in find("#latency td:first-child")] == ["openai.chat"]
 
     visit(browser, f"{view.url}/runs/{run}/rollouts?status=failed", "rollouts", shots / "rollouts.png")
@@ -227,7 +265,12 @@ def test_every_view_in_headless_chromium(view: View, browser: WebDriver, tmp_pat
     assert len(rows) == 2 and all("failed" in r.text for r in rows)
     Select(browser.find_element(By.NAME, "status")).select_by_value("")
     browser.find_element(By.CSS_SELECTOR, "#filters button").click()
-    WebDriverWait(browser, 10).until(lambda _: len(find("#rollouts tbody tr")) == 12)
+    WebDriverWait(browser, 10).until(lambda _: len(find("#rollouts tbody tr")) == 12 + HELD_OUT)
+    Select(browser.find_element(By.NAME, "validation")).select_by_value("true")
+    browser.find_element(By.CSS_SELECTOR, "#filters button").click()
+    WebDriverWait(browser, 10).until(lambda _: len(find("#rollouts tbody tr")) == HELD_OUT)
+    assert all(r.find_elements(By.CSS_SELECTOR, ".badge") for r in find("#rollouts tbody tr.validation"))
+    assert len(find("#rollouts tbody tr.validation")) == HELD_OUT
 
     group = f"{run}.letters-0/0"
     visit(browser, f"{view.url}/runs/{run}/groups/{quote(group)}", "group", shots / "group.png")
@@ -296,6 +339,8 @@ def test_each_view_has_a_json_twin(view: View) -> None:
     api = f"{view.url}/api/runs/{view.run_id}"
     curves = httpx.get(f"{api}/curves").json()
     assert [x for x, _ in curves["reward_by_update"]] == [1, 2] and curves["latency"][0]["api"] == "openai.chat"
+    assert {s: [v for v, _ in points] for s, points in curves["validation_by_version"].items()} == {
+        "greedy": sorted(VALIDATION), "harness": sorted(VALIDATION)}
     group = httpx.get(f"{api}/groups/{quote(f'{view.run_id}.letters-1/0')}").json()
     assert [m["row"]["reward"] for m in group["members"]] == [0.0, 1.0, None]
     # not trained: estimated as verl's GRPO does (sample std); the failed one has no reward

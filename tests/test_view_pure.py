@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from analytics.view.charts import Series, chart
-from analytics.view.reads import advantages, answer_of, conversation
+from analytics.view.pages import reward_series, run_charts
+from analytics.view.reads import Curves, advantages, answer_of, conversation, validation_curves
 from analytics.view.tokens import token_texts
 
 
@@ -63,6 +64,42 @@ def test_a_chart_has_a_point_per_value_with_its_value_on_hover_and_escapes_names
     assert "no data yet" in chart("empty", [Series("x", [])], "x", "y")
     bars = chart("calls", [Series("rollouts", [(1, 3.0), (2, 5.0)], bars=True)], "calls", "rollouts")
     assert bars.count("<rect") == 2
+
+
+def test_validation_rows_become_a_curve_per_setting_in_version_order() -> None:
+    rows = [{"version": 4, "setting": "greedy", "mean_reward": 0.5}, {"version": 0, "setting": "harness",
+                                                                     "mean_reward": 0.1},
+            {"version": 0, "setting": "greedy", "mean_reward": 0.25}, {"version": 4, "setting": "harness",
+                                                                       "mean_reward": 0.0}]
+    assert validation_curves(rows) == {"greedy": [(0.0, 0.25), (4.0, 0.5)], "harness": [(0.0, 0.1), (4.0, 0.0)]}
+    assert validation_curves([]) == {}
+
+
+def curves(validation: dict[str, list[tuple[float, float]]]) -> Curves:
+    return Curves(reward_by_update=[], loss_by_update=[], tokens_by_update=[],
+                  reward_by_version=[(0, 0.5, 0.1), (1, 0.6, 0.2), (2, 0.7, 0.1)], rollouts_by_version=[],
+                  calls_per_rollout=[], latency=[], validation_by_version=validation)
+
+
+def test_validation_is_drawn_dashed_per_setting_beside_training_reward_on_its_versions() -> None:
+    validation = {"greedy": [(0.0, 0.2), (2.0, 0.8)], "t=0.7": [(0.0, 0.1), (2.0, 0.6)]}
+    series = reward_series(curves(validation))
+    assert [s.name for s in series] == ["training", "validation: greedy", "validation: t=0.7"]
+    assert [s.dashed for s in series] == [False, True, True] and len({s.colour for s in series}) == 3
+    assert [list(s.points) for s in series[1:]] == list(validation.values())
+    svg = run_charts(curves(validation))[1]
+    assert 'data-chart="reward by sampling weight version (± spread)"' in svg
+    assert svg.count("stroke-dasharray") == 2 and svg.count("<circle") == 3 + 4
+    assert "validation: t=0.7 at 2: 0.6" in svg and "training at 1: 0.6 ± 0.2" in svg
+    ticks = re.findall(r'class="tick" text-anchor="middle">([^<]+)<', svg)
+    assert ticks == ["0", "1", "2"]  # one axis of weight versions for both
+
+
+def test_without_validation_the_reward_chart_is_the_training_curve_alone() -> None:
+    series = reward_series(curves({}))
+    assert [s.name for s in series] == ["training"]
+    svg = run_charts(curves({}))[1]
+    assert "legend" not in svg and "stroke-dasharray" not in svg and "validation" not in svg
 
 
 @pytest.fixture(scope="module")

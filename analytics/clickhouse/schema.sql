@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE TABLE IF NOT EXISTS rollouts (
     run_id String, rollout_id String, group_id String, task_id String, attempt UInt32,
     retry_of Nullable(String), runner LowCardinality(String), weight_version Int64,
-    started_at DateTime64(6, 'UTC')
+    started_at DateTime64(6, 'UTC'), validation Bool DEFAULT false, temperature Nullable(Float64)
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id);
 
 CREATE TABLE IF NOT EXISTS rollout_results (
@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS task_groups (
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, group_id);
 
 CREATE TABLE IF NOT EXISTS weight_versions (
-    run_id String, version Int64, checkpoint_path Nullable(String), published_at DateTime64(6, 'UTC')
+    run_id String, version Int64, checkpoint_path Nullable(String), published_at DateTime64(6, 'UTC'),
+    final Bool DEFAULT false
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, version);
 
 CREATE TABLE IF NOT EXISTS updates (
@@ -35,3 +36,15 @@ CREATE TABLE IF NOT EXISTS updates (
     staleness_max Float64, dropped_stale UInt32, dropped_no_signal UInt32, seconds Float64,
     stepped_at DateTime64(6, 'UTC')
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, version);
+
+-- Held-out validation: one row per weight version validated and sampling setting (ValidationReported's scores).
+CREATE TABLE IF NOT EXISTS validation_scores (
+    run_id String, version Int64, setting String, temperature Nullable(Float64), rollouts UInt32,
+    mean_reward Float64, unrewarded UInt32, duration_s Float64, reported_at DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree ORDER BY (run_id, version, setting);
+
+-- Columns added since the tables were first made: a table made before them gets them here (rows already there
+-- read as the default). Each is a no-op on a table that has it.
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS validation Bool DEFAULT false;
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS temperature Nullable(Float64);
+ALTER TABLE weight_versions ADD COLUMN IF NOT EXISTS final Bool DEFAULT false;

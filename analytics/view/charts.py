@@ -17,6 +17,7 @@ class Series:
     spread: Sequence[float] | None = None  # ± this around each point: a band
     colour: str = "#2a7"
     bars: bool = False
+    dashed: bool = False  # a line told apart from a solid one in the same colour family
 
 
 def _step(lo: float, hi: float, whole: bool) -> float:
@@ -90,7 +91,8 @@ def chart(title: str, series: Sequence[Series], x_label: str, y_label: str) -> s
                     '</title></rect>' for x, y in s.points]
             continue
         line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s.points)
-        out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        dash = ' stroke-dasharray="6 3"' if s.dashed else ""
+        out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
         for i, (x, y) in enumerate(s.points):
             spread = f" ± {_label(s.spread[i])}" if s.spread else ""
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"><title>{escape(s.name)} '

@@ -24,6 +24,33 @@ def logprob_colour(logprob: float) -> str:
     return f"hsl({120 * p:.0f}, 75%, {88 - 10 * p:.0f}%)"
 
 
+VALIDATION_COLOURS = ("#37c", "#c73", "#a4c", "#777", "#c3a", "#3aa")
+
+
+def reward_series(c: Curves) -> list[Series]:
+    """Training reward by the weight version that sampled it (± its spread), and beside it, on the same versions,
+    each held-out validation setting's mean reward (dashed): none for a run without validation."""
+    training = Series("training", [(v, m) for v, m, _ in c.reward_by_version], [s for _, _, s in c.reward_by_version])
+    return [training, *(Series(f"validation: {setting}", points, dashed=True,
+                               colour=VALIDATION_COLOURS[i % len(VALIDATION_COLOURS)])
+                        for i, (setting, points) in enumerate(c.validation_by_version.items()))]
+
+
+def run_charts(c: Curves) -> list[str]:
+    """The run page's charts, in the order shown."""
+    return [
+        chart("mean reward by update", [Series("reward", c.reward_by_update)], "update (weight version)", "reward"),
+        chart("reward by sampling weight version (± spread)", reward_series(c), "weight version", "reward"),
+        chart("loss by update", [Series("loss", c.loss_by_update, colour="#c73")], "update", "loss"),
+        chart("trainable tokens by update", [Series("tokens", c.tokens_by_update, colour="#37c")], "update",
+              "tokens"),
+        chart("rollouts by weight version", [Series("rollouts", c.rollouts_by_version, colour="#777", bars=True)],
+              "weight version", "rollouts"),
+        chart("calls per rollout", [Series("rollouts", c.calls_per_rollout, colour="#37c", bars=True)], "calls",
+              "rollouts"),
+    ]
+
+
 templates.env.filters["logprob_colour"] = logprob_colour
 templates.env.filters["exp"] = lambda v: math.exp(max(v, -30.0))
 
@@ -35,6 +62,7 @@ class FilterQuery(BaseModel):
     version: int | None = Field(None, ge=0)
     reward_min: float | None = None
     reward_max: float | None = None
+    validation: bool | None = None  # the kind: held-out validation rollouts (true) or training ones (false)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -58,21 +86,7 @@ def router(reads: RunReads) -> APIRouter:
     @r.get("/runs/{run}", response_class=HTMLResponse)
     def run_page(request: Request, run: str) -> HTMLResponse:
         c = reads.curves(run)
-        charts = [
-            chart("mean reward by update", [Series("reward", c.reward_by_update)], "update (weight version)",
-                  "reward"),
-            chart("reward by sampling weight version (± spread)", [Series(
-                "reward", [(v, m) for v, m, _ in c.reward_by_version], [s for _, _, s in c.reward_by_version])],
-                "weight version", "reward"),
-            chart("loss by update", [Series("loss", c.loss_by_update, colour="#c73")], "update", "loss"),
-            chart("trainable tokens by update", [Series("tokens", c.tokens_by_update, colour="#37c")], "update",
-                  "tokens"),
-            chart("rollouts by weight version", [Series("rollouts", c.rollouts_by_version, colour="#777",
-                                                        bars=True)], "weight version", "rollouts"),
-            chart("calls per rollout", [Series("rollouts", c.calls_per_rollout, colour="#37c", bars=True)],
-                  "calls", "rollouts"),
-        ]
-        return page(request, "run.html", run=run, charts=charts, latency=c.latency,
+        return page(request, "run.html", run=run, charts=run_charts(c), latency=c.latency, validation=c.validation,
                     summary=next((s for s in reads.runs() if s.run_id == run), None))
 
     @r.get("/runs/{run}/rollouts", response_class=HTMLResponse)

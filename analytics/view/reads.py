@@ -20,11 +20,12 @@ class Decoder(Protocol):
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
     run_id: str
-    rollouts: int
+    rollouts: int  # training rollouts: held-out validation ones are counted apart
     finished: int
-    mean_reward: float | None
+    mean_reward: float | None  # over the training rollouts rewarded
     updates: int
     last_seen: datetime | None
+    validation_rollouts: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,9 @@ class Curves:
     rollouts_by_version: list[tuple[float, float]]
     calls_per_rollout: list[tuple[float, float]]  # calls → rollouts
     latency: list[dict[str, Any]]  # per API: p50/p90/p99 ms
+    #: held-out validation: per sampling setting, (weight version, mean reward); empty for a run without it
+    validation_by_version: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    validation: list[dict[str, Any]] = field(default_factory=list)  # validation_per_version's rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +55,8 @@ class RolloutRow:
     calls: int
     duration_s: float | None
     reason: str | None
+    validation: bool = False  # a held-out validation rollout: scored, never trained on
+    temperature: float | None = None  # the sampling temperature its token pinned; None: the harness's own
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +66,7 @@ class Filters:
     version: int | None = None
     reward_min: float | None = None
     reward_max: float | None = None
+    validation: bool | None = None  # True: held-out validation rollouts only; False: training ones only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +85,7 @@ class Group:
     members: list[GroupMember]
     trained: bool  # a task group on tether.samples holds it
     trained_in: int | None  # the update whose TrainerStep gave the advantages; None: estimated here
+    validation: bool = False  # held-out validation rollouts: never trained on, so no advantages
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +176,14 @@ def _loads(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def validation_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """validation_per_version's rows as a curve per sampling setting, (version, mean reward) by version."""
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        curves.setdefault(r["setting"], []).append((float(r["version"]), float(r["mean_reward"])))
+    return {setting: sorted(points) for setting, points in curves.items()}
+
+
 def _sql(name: str) -> str:
     return (QUERIES / f"{name}.sql").read_text()
 
@@ -176,7 +192,8 @@ ROLLOUTS = """
 SELECT r.rollout_id AS rollout_id, r.group_id AS group_id, r.task_id AS task_id, r.attempt AS attempt,
        if(f.rollout_id = '', 'running', f.status) AS status, f.reward AS reward,
        if(f.rollout_id = '', NULL, f.duration_s) AS duration_s, f.reason AS reason,
-       c.version AS version, c.calls AS calls, r.started_at AS started_at
+       c.version AS version, c.calls AS calls, r.started_at AS started_at, r.validation AS validation,
+       r.temperature AS temperature
 FROM (SELECT * FROM rollouts FINAL WHERE run_id = {run:String}) AS r
 LEFT JOIN (SELECT * FROM rollout_results FINAL WHERE run_id = {run:String}) AS f USING (rollout_id)
 LEFT JOIN (SELECT rollout_id, min(weight_version) AS version, count() AS calls FROM calls FINAL
@@ -190,8 +207,10 @@ class RunReads:
 
     def runs(self) -> list[RunSummary]:
         rows = self.store.rows("""
-            SELECT r.run_id AS run_id, count() AS rollouts, countIf(f.rollout_id != '') AS finished,
-                   avgIf(f.reward, f.reward IS NOT NULL) AS mean_reward, max(r.started_at) AS last_seen
+            SELECT r.run_id AS run_id, countIf(NOT r.validation) AS rollouts,
+                   countIf(f.rollout_id != '' AND NOT r.validation) AS finished,
+                   avgIf(f.reward, f.reward IS NOT NULL AND NOT r.validation) AS mean_reward,
+                   countIf(r.validation) AS validation_rollouts, max(r.started_at) AS last_seen
             FROM (SELECT * FROM rollouts FINAL) AS r
             LEFT JOIN (SELECT * FROM rollout_results FINAL) AS f USING (rollout_id)
             GROUP BY run_id ORDER BY last_seen DESC""")
@@ -199,12 +218,13 @@ class RunReads:
             "SELECT run_id, count() AS n FROM updates FINAL GROUP BY run_id")}
         return [RunSummary(run_id=r["run_id"], rollouts=r["rollouts"], finished=r["finished"],
                            mean_reward=_finite(r["mean_reward"]), updates=updates.get(r["run_id"], 0),
-                           last_seen=r["last_seen"]) for r in rows]
+                           last_seen=r["last_seen"], validation_rollouts=r["validation_rollouts"]) for r in rows]
 
     def curves(self, run: str) -> Curves:
         updates = self.store.rows("SELECT version, mean_reward, loss, tokens FROM updates FINAL "
                                   "WHERE run_id = {run:String} ORDER BY version", run=run)
         versions = self.store.rows(_sql("reward_per_version"), run=run)
+        validation = self.store.rows(_sql("validation_per_version"), run=run)
         return Curves(
             reward_by_update=[(u["version"], u["mean_reward"]) for u in updates],
             loss_by_update=[(u["version"], u["loss"]) for u in updates],
@@ -213,7 +233,8 @@ class RunReads:
             rollouts_by_version=[(v["weight_version"], float(v["rollouts"])) for v in versions],
             calls_per_rollout=[(c["calls"], float(c["rollouts"])) for c in self.store.rows(
                 _sql("calls_per_rollout"), run=run)],
-            latency=self.store.rows(_sql("gateway_latency"), run=run))
+            latency=self.store.rows(_sql("gateway_latency"), run=run),
+            validation_by_version=validation_curves(validation), validation=validation)
 
     def rollouts(self, run: str, filters: Filters = Filters()) -> list[RolloutRow]:
         where, parameters = ["1"], {"run": run}
@@ -232,6 +253,8 @@ class RunReads:
         if filters.reward_max is not None:
             where.append("reward <= {reward_max:Float64}")
             parameters["reward_max"] = str(filters.reward_max)
+        if filters.validation is not None:
+            where.append("validation" if filters.validation else "NOT validation")
         rows = self.store.rows(f"SELECT * FROM ({ROLLOUTS}) WHERE {' AND '.join(where)} "
                                "ORDER BY started_at, rollout_id",
                                **parameters)
@@ -253,7 +276,8 @@ class RunReads:
         given = {r["rollout_id"]: r for r in self.store.rows(
             "SELECT * FROM given_advantages FINAL WHERE run_id = {run:String} AND group_id = {group:String}",
             run=run, group=group_id)}
-        estimated = advantages([r.reward for r in rows])
+        validation = any(r.validation for r in rows)
+        estimated: list[float | None] = [None] * len(rows) if validation else advantages([r.reward for r in rows])
         members = []
         for row, estimate in zip(rows, estimated, strict=True):
             found = last.get(row.rollout_id)
@@ -265,7 +289,7 @@ class RunReads:
                 calls=dict(zip(mine["call_seqs"], mine["call_advantages"], strict=True)) if mine else {}))
         trained_in = max((int(r["version"]) for r in given.values()), default=None)
         return Group(run_id=run, group_id=group_id, task_id=rows[0].task_id, members=members, trained=trained,
-                     trained_in=trained_in)
+                     trained_in=trained_in, validation=validation)
 
     def trajectory(self, run: str, rollout_id: str) -> Trajectory | None:
         found = self.store.rows(f"SELECT * FROM ({ROLLOUTS}) WHERE rollout_id = {{rid:String}}", run=run,
@@ -309,4 +333,5 @@ def _rollout(r: dict[str, Any]) -> RolloutRow:
     return RolloutRow(rollout_id=r["rollout_id"], group_id=r["group_id"], task_id=r["task_id"],
                       attempt=r["attempt"], status=r["status"], reward=_finite(r["reward"]),
                       version=r["version"] if r["calls"] else None, calls=r["calls"] or 0,
-                      duration_s=r["duration_s"], reason=r["reason"])
+                      duration_s=r["duration_s"], reason=r["reason"], validation=bool(r["validation"]),
+                      temperature=_finite(r["temperature"]))

@@ -1,6 +1,6 @@
 """The page's store: the analytics tables, plus every call's content, projected from the run's topics.
 
-The analytics rows are the sink's (`analytics.sink.row_for`), plus the
+The analytics rows are the sink's (`analytics.sink.rows_for`), plus the
 advantages each update gave its rollouts (`given_advantages`); calls are
 kept as recorded (an extending call as its difference), and made whole when a
 trajectory is read. Rows are ReplacingMergeTree by their own id, so reading the
