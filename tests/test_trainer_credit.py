@@ -156,3 +156,34 @@ def test_the_published_advantages_are_those_the_tokens_carry(rollouts: list[tupl
         spans = group.rollouts[row].segments[0].spans
         expected = [by_call.get(span.seq, published.advantage) for span in spans for _ in range(span.end - span.start)]
         assert torch.allclose(advantages[row][mask[row]], torch.tensor(expected, dtype=advantages.dtype), atol=1e-6)
+
+
+def _with_calls(rid: str, outcome: float, calls: int) -> RolloutSample:
+    spans = [CallSpan(seq=s, start=2 * s, end=2 * s + 1) for s in range(calls)]
+    segment = assemble([_call(0, [1], [2])])[0]
+    return RolloutSample(rollout_id=rid, reward=outcome, status="succeeded",
+                         segments=[replace(segment, token_ids=[1] * (2 * calls), loss_mask=[True] * (2 * calls),
+                                           logprobs=[0.0] * (2 * calls), weight_versions=[0] * (2 * calls),
+                                           spans=spans)])
+
+
+@given(st.lists(st.tuples(reward, st.integers(1, 6)), min_size=2, max_size=6))
+def test_per_sample_advantages_are_grpo_over_the_calls(members: list[tuple[float, int]]) -> None:
+    """Each call is a member with its rollout's reward: the baseline is the call-weighted mean, so a rollout of
+    many calls pulls it towards its own reward; with one call each it is the task-level advantage."""
+    group = TaskGroup(group_id="g", run_id="r", task_id="t", group_size=len(members),
+                      rollouts=[_with_calls(f"r{i}", o, n) for i, (o, n) in enumerate(members)])
+    given_ = ScoredGroups.of([group], AdvantageRecipe(level="sample")).given[0]
+    samples = [o for o, n in members for _ in range(n)]
+    (expected,) = rollout_advantages([samples])
+    if expected is None:
+        assert all(g.rollout == 0.0 for g in given_)
+        return
+    firsts = list(itertools.accumulate([0] + [n for _, n in members[:-1]]))
+    assert [g.rollout for g in given_] == [expected[i] for i in firsts]
+    weighted = sum(g.rollout * n for g, (_, n) in zip(given_, members, strict=True))
+    assert math.isclose(weighted, 0.0, abs_tol=1e-3 * len(samples))  # centred over the samples, not the rollouts
+    single = TaskGroup(group_id="g", run_id="r", task_id="t", group_size=len(members),
+                       rollouts=[_with_calls(f"r{i}", o, 1) for i, (o, _) in enumerate(members)])
+    assert [g.rollout for g in ScoredGroups.of([single], AdvantageRecipe(level="sample")).given[0]] == \
+        [g.rollout for g in ScoredGroups.of([single]).given[0]]

@@ -36,6 +36,11 @@ class TrainerConfig(BaseModel):
         "outcome", description="outcome: the episode's reward, broadcast to every call; per-call: each call's "
                                "return (its step reward and the later ones, discounted), against the group baseline.")
     discount: float = Field(1.0, gt=0, le=1, description="With credit per-call: the factor on each later reward.")
+    advantage_level: Literal["rollout", "sample"] = Field(
+        "rollout", description="rollout: the task-level advantage, each rollout one member of its task's group "
+                               "however many calls it made; sample: each recorded call one member (what a trainer "
+                               "that takes calls as its samples computes; rollouts with more calls weigh more in "
+                               "the baseline). For comparison (bench/ablation.py); outcome credit only.")
     loss_mode: Literal["per-task", "token-mean", "seq-mean-token-mean"] = "per-task"
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -83,6 +88,13 @@ class TrainerConfig(BaseModel):
         return loggers
 
     @model_validator(mode="after")
+    def _sample_level_is_outcome_credit(self) -> TrainerConfig:
+        if self.advantage_level == "sample" and self.credit != "outcome":
+            raise ValueError("advantage_level: sample takes the episode's outcome as each call's reward; it does "
+                             "not combine with credit per-call")
+        return self
+
+    @model_validator(mode="after")
     def _verl_has_no_reference(self) -> TrainerConfig:
         if self.backend == "verl" and self.kl_coef > 0:
             raise ValueError("kl_coef: the verl backend starts no reference workers, so it cannot apply a KL "
@@ -95,10 +107,11 @@ class TrainerConfig(BaseModel):
 
     @property
     def advantage(self) -> AdvantageRecipe:
-        """The three settings that make advantages, as one value (imported here only: it brings torch)."""
+        """The settings that make advantages, as one value (imported here only: it brings torch)."""
         from trainer.advantages import AdvantageRecipe
 
-        return AdvantageRecipe(normalise_by_std=self.normalise_by_std, credit=self.credit, discount=self.discount)
+        return AdvantageRecipe(normalise_by_std=self.normalise_by_std, credit=self.credit, discount=self.discount,
+                               level=self.advantage_level)
 
 
 def load_config(path: Path) -> TrainerConfig:
