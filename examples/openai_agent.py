@@ -1,13 +1,14 @@
 """An ordinary tool-using agent on the openai SDK: it knows nothing of Tether but its environment variables.
 
     OPENAI_BASE_URL, OPENAI_API_KEY  where the model is (the gateway, bound to this rollout)
-    TETHER_TASK                      the task, JSON: {"id": ..., "question": ..., "answer": ...}
+    TETHER_TASK                      the task, JSON: {"id": ..., "question": ..., "answer": ..., "facts": ...}
     TETHER_REWARD_URL                where to post the reward (optional)
 
-The agent loops on its own: it may `lookup` a word or `submit` an answer; a
-malformed or unknown tool call ends the episode with reward 0; after
-`--max-turns` model calls without a submission it gives up with reward 0.
-It never rewrites or drops earlier turns (a non-compacting harness).
+The agent loops on its own: it may `lookup` a word (answered from the task's
+`facts`, examples/lookup_task.py) or `submit` an answer; a malformed or
+unknown tool call ends the episode with reward 0; after `--max-turns` model
+calls without a submission it gives up with reward 0. It never rewrites or
+drops earlier turns (a non-compacting harness).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import httpx
 import openai
@@ -28,11 +30,23 @@ TOOLS = [
         "name": "submit", "description": "Submit the final answer.",
         "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
 ]
-FACTS = {"x": "x means 42", "y": "y means 7"}
+FACTS = {"x": "x means 42", "y": "y means 7"}  # for a task without facts of its own
 SYSTEM = "Answer the question. Use lookup if you need to, then submit."
 
 
-def run(task: dict[str, str], max_turns: int, max_tokens: int) -> float:
+def act(task: dict[str, Any], name: str, arguments: Any) -> tuple[float | None, str]:
+    """One tool call: (the episode's reward if it ends here, else None; what the tool answers)."""
+    if not isinstance(arguments, dict):
+        return 0.0, ""
+    if name == "submit":
+        return (1.0 if str(arguments.get("answer", "")).strip() == task["answer"] else 0.0), ""
+    if name != "lookup":
+        return 0.0, ""
+    facts = task.get("facts") or FACTS
+    return None, str(facts.get(str(arguments.get("word")), "unknown word"))
+
+
+def run(task: dict[str, Any], max_turns: int, max_tokens: int) -> float:
     client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
     messages: list[dict[str, object]] = [
         {"role": "system", "content": SYSTEM},
@@ -50,13 +64,10 @@ def run(task: dict[str, str], max_turns: int, max_tokens: int) -> float:
                 arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
             except json.JSONDecodeError:
                 return 0.0
-            name = call.function.name  # type: ignore[union-attr]
-            if name == "submit":
-                return 1.0 if str(arguments.get("answer", "")).strip() == task["answer"] else 0.0
-            if name != "lookup":
-                return 0.0
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": FACTS.get(str(arguments.get("word")), "unknown word")})
+            reward, answer = act(task, call.function.name, arguments)  # type: ignore[union-attr]
+            if reward is not None:
+                return reward
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
     return 0.0
 
 

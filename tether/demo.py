@@ -1,12 +1,20 @@
 """`make run`: the demo training job on the embedded defaults, from a fresh machine to plots and a summary.
 
-    tiny model → warm-start (format) → `tether up` → controller runs the openai-SDK agent on the letters task
-    (K per task, async) while the trainer updates → summary, plots, replay check → `tether down`
+    tiny model → warm-start (format) → `tether up` → controller runs the openai-SDK agent on the task
+    (K per task, async) while the trainer updates, and validates on held-out tasks every few versions →
+    summary, plots, replay check → `tether down`
+
+Two tasks (`TETHER_DEMO_TASK`, `tether demo --task`), each with its preset of
+settings (any of which the environment overrides):
+
+    letters  one call: of six letters, submit A (`make run`)
+    lookup   one to three lookups, then submit the number found (examples/lookup_task.py): calls per rollout vary
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -21,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.table import Table
@@ -34,26 +42,48 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).parent.parent
 AGENT = ROOT / "examples" / "openai_agent.py"
+LOOKUP = ROOT / "examples" / "lookup_task.py"
 NO_SIGNAL_UPDATES = 3  # all rewards 0 for this many updates: stop rather than spend the rest of the budget
+VALIDATION_WAIT_S = 600  # for the controller's round of the last version, after the last update
+Task = Literal["letters", "lookup"]
+#: Each task's settings where the environment names none.
+PRESETS: dict[Task, dict[str, Any]] = {
+    "letters": {"updates": 24, "warm_steps": 200, "lr": 5e-4, "max_turns": 3, "validate_every": 6,
+                "validation_tasks": 32},
+    "lookup": {"updates": 60, "warm_steps": 600, "lr": 5e-4, "max_turns": 6, "validate_every": 5,
+               "validation_tasks": 64},
+}
 
 
 class DemoSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TETHER_DEMO_", frozen=True)
 
+    task: Task = Field("letters", description="The demo task; its preset fills the settings not given.")
     run_id: str = Field(default_factory=lambda: f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     home: Path = Path(".tether")
     group_size: int = Field(8, ge=2)
     batch_groups: int = Field(8, ge=1)
-    updates: int = Field(24, ge=1)
+    updates: int = Field(ge=1)
     concurrency: int = Field(8, ge=1)
-    warm_steps: int = Field(200, ge=0)
-    lr: float = 5e-4
+    warm_steps: int = Field(ge=0)
+    lr: float = Field(gt=0)
     kl_coef: float = 0.01
     epochs: int = Field(2, ge=1)
     mini_batches: int = Field(1, ge=1)
+    max_turns: int = Field(ge=1, description="The agent's model calls per rollout at most.")
     backend: Literal["torch", "verl"] = Field("torch", description="verl: the update on verl's own workers (Ray).")
     workers: int = Field(2, ge=1, description="With backend verl: its data-parallel workers.")
+    validation_tasks: int = Field(ge=0, description="Held-out tasks validated greedily (0: no validation).")
+    validate_every: int = Field(ge=1, description="Validate every N weight versions, and the first and last.")
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        preset = PRESETS.get(data.get("task", "letters"), {})
+        return {**preset, **data}
 
 
 def _agent_module() -> Any:
@@ -62,6 +92,31 @@ def _agent_module() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """What the demo needs of a task: tasks by index, and the format-only episodes its warm-start learns from."""
+    make: Any  # (random.Random, index) -> task
+    turns: Any  # (random.Random) -> list of warm-start turns
+    summary: str
+    chance: str  # what the format alone scores
+
+
+def _task_module(settings: DemoSettings) -> DemoTask:
+    from tether.warm_start import OPTIONS, letter_turns, task
+
+    if settings.task == "letters":
+        return DemoTask(task, letter_turns,
+                        f"openai-SDK agent: of {OPTIONS} letters, `submit` A (a tool call; malformed scores 0)",
+                        f"chance is {1 / OPTIONS:.2f}")
+    spec = importlib.util.spec_from_file_location("lookup_task", LOOKUP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return DemoTask(module.task, lambda rng: module.random_turns(rng, module.task(rng, -1), settings.max_turns),
+                    "openai-SDK agent: look up 1-3 words (facts drawn per task), `submit` the number found",
+                    "the format alone scores about 0.07")
 
 
 def main(settings: DemoSettings, console: Console) -> int:
@@ -92,8 +147,9 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
         with status(console, "building the tiny model..."):
             init_tiny(tiny)
     agent = _agent_module()
-    recipe = hashlib.sha256(Path(warm_start.__code__.co_filename).read_bytes()).hexdigest()[:8]  # the task too
-    warm = settings.home / "models" / f"warm-{settings.warm_steps}-seed{settings.seed}-{recipe}"
+    sources = [Path(warm_start.__code__.co_filename)] + ([LOOKUP] if settings.task == "lookup" else [])
+    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]  # the task too
+    warm = settings.home / "models" / f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-{recipe}"
     record = warm / "warm_start.json"  # written last: its presence means the folder is complete
     if record.exists():
         losses, warm_s = (json.loads(record.read_text())[k] for k in ("losses", "seconds"))
@@ -103,7 +159,7 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     with Shown(console, "warm-start: the tool-call format", settings.warm_steps) as bar:
         _, losses, warm_s = warm_start(
             tiny, warm, agent.SYSTEM, agent.TOOLS, steps=settings.warm_steps, seed=settings.seed,
-            on_step=lambda i, loss: bar.update(i + 1, f"loss {loss:.3f}"))
+            on_step=lambda i, loss: bar.update(i + 1, f"loss {loss:.3f}"), turns=_task_module(settings).turns)
     record.write_text(json.dumps({"losses": losses, "seconds": warm_s}))
     console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
                   f"{losses[-1]:.3f}")
@@ -127,17 +183,21 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     from stream_processors.grouping import Policy
     from stream_processors.replay import replay
     from tether.stack import Stack, StackSettings
-    from tether.warm_start import task
 
+    make = _task_module(settings).make
     rng = random.Random(settings.seed)
     n_tasks = settings.batch_groups * (settings.updates + 2)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(task(rng, i)) + "\n" for i in range(n_tasks)))
+    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(make(rng, i)) + "\n" for i in range(n_tasks)))
+    held_out = random.Random(f"held-out-{settings.seed}")  # tasks no update trains on: drawn apart
+    (run_dir / "held_out.jsonl").write_text("".join(
+        json.dumps({**make(held_out, i), "id": f"held-out-{i}"}) + "\n" for i in range(settings.validation_tasks)))
     stack_settings = StackSettings(run_id=settings.run_id, home=settings.home, model=warm, trainer={
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
         "kl_coef": settings.kl_coef if settings.backend == "torch" else 0.0,  # verl's has no reference workers
         "epochs": settings.epochs, "mini_batches": settings.mini_batches,
-        "max_staleness": 2, "zero_variance": "drop", "backend": settings.backend, "workers": settings.workers})
+        "max_staleness": 2, "zero_variance": "drop", "backend": settings.backend, "workers": settings.workers,
+        "validation_wait_s": 300})
     stack = Stack(stack_settings)
     try:
         with status(console, "tether up: Kafka, engine, gateway, processors, trainer..."):
@@ -146,6 +206,9 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         agents = _start_controller(settings, stack_settings, stack.broker.client_env("controller"), run_dir)
         try:
             history = _train(stack, settings, console, agents)
+            if len(history) >= settings.updates and settings.validation_tasks:
+                with status(console, "validating the last version on the held-out tasks..."):
+                    _wait(agents, VALIDATION_WAIT_S)  # the controller ends by itself after the last round
         finally:
             agents.send_signal(signal.SIGINT)  # the controller cancels the rollouts still running, then exits
             try:
@@ -160,15 +223,22 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     return Outcome(history=history, stored=stored, rebuilt=rebuilt, events=events)
 
 
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(seconds)
+
+
 def _start_controller(settings: DemoSettings, stack: StackSettings, bus: dict[str, str],
                       run_dir: Path) -> subprocess.Popen[bytes]:
     """`tether controller run` on the demo's run file, the openai-SDK agent preloaded, as its own process."""
+    validation = {"validation": {"dataset": "held_out.jsonl", "every": settings.validate_every,
+                                 "temperatures": [0.0]}} if settings.validation_tasks else {}
     (run_dir / "controller.yaml").write_text(yaml.safe_dump({
         "run_id": settings.run_id, "dataset": "tasks.jsonl", "group_size": settings.group_size,
         "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
         "timeout_s": 120, "log_dir": "rollouts",
-        "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", "3", "--max-tokens",
-                                "40"], "preload": ["openai"]}}))
+        "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", str(settings.max_turns),
+                                "--max-tokens", "40"], "preload": ["openai"]}, **validation}))
     env = {**os.environ, **bus,
            "TETHER_CONTROLLER_GATEWAY_URL": stack.gateway_url,
            "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack.admin_key,
@@ -180,27 +250,35 @@ def _start_controller(settings: DemoSettings, stack: StackSettings, bus: dict[st
 
 def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str) -> Table:
     from stream_processors.pipeline import compare, content_hash
-    from tether.warm_start import OPTIONS
     from trainer import checkpoint
     from trainer.report import plot_history
 
+    demo_task = _task_module(settings)
     history, stored = outcome.history, outcome.stored
     latest = checkpoint.latest(run_dir / "checkpoints" / settings.run_id)
-    plot = plot_history(history, run_dir / "updates.png", f"Tether demo {settings.run_id}") if history else None
-    rewards = [h["mean_reward"] for h in history]
     dsn = f"chdb://{(run_dir / 'clickhouse').resolve()}"
+    validation = _validation_by_version(dsn, settings.run_id)
+    plot = plot_history(history, run_dir / "updates.png", f"Tether demo {settings.run_id}",
+                        validation) if history else None
+    rewards = [h["mean_reward"] for h in history]
     table = Table(title=f"Tether demo: run {settings.run_id}")
     table.add_column("figure")
     table.add_column("value", overflow="fold")  # paths and commands whole, to copy
-    table.add_row("task", f"openai-SDK agent: of {OPTIONS} letters, `submit` A (a tool call; malformed scores 0)")
+    table.add_row("task", demo_task.summary)
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
         tail = rewards[-5:]
         table.add_row("mean reward", f"{rewards[0]:.3f} at the first update → {rewards[-1]:.3f} at the last "
                                      f"(mean of the last {len(tail)}: {sum(tail) / len(tail):.3f}; "
                                      f"≥ 0.8 at {sum(r >= 0.8 for r in rewards[-10:])} of the last "
-                                     f"{len(rewards[-10:])} updates; chance is {1 / OPTIONS:.2f})")
+                                     f"{len(rewards[-10:])} updates; {demo_task.chance})")
         table.add_row("per update", " ".join(f"{r:.2f}" for r in rewards))
+    for setting, points in sorted(validation.items()):
+        table.add_row(f"held-out ({setting})", (
+            f"{settings.validation_tasks} tasks no update trained on: " +
+            " → ".join(f"v{v} {r:.3f}" for v, r in points)))
+    if settings.validation_tasks and not validation:
+        table.add_row("held-out", "no validation round was reported (see the controller's log)")
     by_version = _reward_by_version(dsn, settings.run_id)
     if by_version:
         (n0, r0), last = by_version[0], by_version[-3:]
@@ -224,15 +302,32 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str)
 
 
 def _reward_by_version(dsn: str, run_id: str) -> list[tuple[int, float]]:
-    """(rollouts, mean reward) per weight version that sampled them, from the run's analytics sink."""
+    """(rollouts, mean reward) per weight version that sampled them, from the run's analytics sink (training
+    rollouts only)."""
+    from analytics.errors import AnalyticsError
     from analytics.sink import connect, query
-    from stream_processors.errors import ProcessorError
 
     try:
         columns, rows = query(connect(dsn), "reward_per_version", run_id)
-    except ProcessorError:
+    except AnalyticsError:
         return []
     return [(int(row[columns.index("rollouts")]), float(row[columns.index("mean_reward")])) for row in rows]
+
+
+def _validation_by_version(dsn: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Per setting, (version, mean reward) of each held-out round, from the run's analytics sink."""
+    from analytics.errors import AnalyticsError
+    from analytics.sink import connect, query
+
+    try:
+        columns, rows = query(connect(dsn), "validation_per_version", run_id)
+    except AnalyticsError:
+        return {}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        out.setdefault(str(row[columns.index("setting")]), []).append(
+            (int(row[columns.index("version")]), float(row[columns.index("mean_reward")])))
+    return out
 
 
 def _train(stack: Any, settings: DemoSettings, console: Console,

@@ -1,11 +1,13 @@
-"""A short supervised warm-start: teach the tiny random model the tool-call format of the demo task.
+"""A short supervised warm-start: teach the tiny random model the tool-call format of a demo task.
 
 Real RL starts from a capable model; a random one never emits a valid
 `<tool_call>`, so GRPO would see only zeros. The transcripts are what the demo
-agent (examples/openai_agent.py) sends, rendered with the model's chat template, followed by a
-`submit` call with a letter drawn uniformly from the options: the warm policy
-has the format and no preference, so about a sixth of its answers are right
-and RL has something to learn from.
+agent (examples/openai_agent.py) sends, rendered with the model's chat
+template, each followed by the call an agent with the format and no policy
+makes next (`Turns`). For the letters task that is a `submit` with a letter
+drawn uniformly from the options: about a sixth of its answers are right and
+RL has something to learn from. For the lookup task (examples/lookup_task.py)
+it is a lookup of a word seen or a submission of a number seen, at even odds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+Turn = tuple[list[dict[str, Any]], dict[str, Any]]
+"""The conversation after the system turn, and the tool call ({"name", "arguments"}) to learn to make next."""
+Turns = Callable[[random.Random], list[Turn]]
+"""One episode of the format-only policy: its turns."""
 
 LETTERS = "ABCDEFGH"
 OPTIONS = 6  # letters per question: chance is 1/6 (five letters gave baselines of 0.08 and 0.32)
@@ -35,20 +42,29 @@ def task(rng: random.Random, index: int) -> dict[str, str]:
             "answer": "A", "options": "".join(options)}
 
 
-def transcript(tokenizer: Any, system: str, tools: list[dict[str, Any]], t: dict[str, str],
-               letter: str) -> tuple[list[int], list[int]]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": t["question"]}]
+def letter_turns(rng: random.Random) -> list[Turn]:
+    """The letters task: one submission of a letter drawn from the options."""
+    t = task(rng, -1)
+    return [([{"role": "user", "content": t["question"]}],
+             {"name": "submit", "arguments": {"answer": rng.choice(t["options"])}})]
+
+
+def transcript(tokenizer: Any, system: str, tools: list[dict[str, Any]], turn: Turn) -> tuple[list[int], list[int]]:
+    """The prompt the gateway renders for the turn's conversation, and the call as the model should write it."""
+    conversation, call = turn
+    messages = [{"role": "system", "content": system}, *conversation]
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    call = {"name": "submit", "arguments": {"answer": letter}}
     target = tokenizer(f"<tool_call>\n{json.dumps(call)}\n</tool_call>", add_special_tokens=False)["input_ids"]
     return prompt, [*target, tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
 
 
 def warm_start(model_dir: Path, out: Path, system: str, tools: list[dict[str, Any]], steps: int = 150,
                batch: int = 16, lr: float = 1e-3, seed: int = 0,
-               on_step: Callable[[int, float], None] | None = None) -> tuple[Path, list[float], float]:
-    """Train on the format; returns the saved model, the loss per step and the seconds it took."""
+               on_step: Callable[[int, float], None] | None = None,
+               turns: Turns = letter_turns) -> tuple[Path, list[float], float]:
+    """Train on the format, one turn of a fresh episode per example; returns the saved model, the loss per step
+    and the seconds it took."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -60,8 +76,9 @@ def warm_start(model_dir: Path, out: Path, system: str, tools: list[dict[str, An
     for step in range(steps):
         examples = []
         for _ in range(batch):
-            t = task(rng, -1)
-            examples.append(transcript(tokenizer, system, tools, t, rng.choice(t["options"])))
+            episode = turns(rng)
+            examples.append(transcript(tokenizer, system, tools,
+                                       episode[0] if len(episode) == 1 else rng.choice(episode)))
         length = max(len(p) + len(c) for p, c in examples)
         ids = torch.full((batch, length), tokenizer.pad_token_id or 0)
         labels = torch.full((batch, length), -100)

@@ -55,12 +55,18 @@ def stack_status() -> None:
     console.print(table)
 
 
-def demo() -> None:
-    """The demo training job (`make run`): warm-start, stack up, an agent trained with RL, summary, stack down."""
+def demo(task: Annotated[str | None, typer.Option(
+        help="letters (one call, `make run`) or lookup (one to three lookups: calls per rollout vary); each has "
+             "its preset of settings. Default: TETHER_DEMO_TASK, else letters.")] = None,
+         backend: Annotated[str | None, typer.Option(
+             help="torch (the embedded learner) or verl (verl's workers on Ray). Default: TETHER_DEMO_BACKEND, "
+                  "else torch.")] = None) -> None:
+    """The demo training job (`make run`): warm-start, stack up, an agent trained with RL while held-out tasks
+    are validated, summary, stack down."""
     from tether.demo import DemoSettings
     from tether.demo import main as run_demo
 
-    settings = load_settings(DemoSettings)
+    settings = load_settings(DemoSettings, task=task, backend=backend)
     with failing_cleanly():
         raise typer.Exit(run_demo(settings, Console()))
 
