@@ -32,15 +32,23 @@ def controller_run(
 
     def main(update: Callable[..., None]) -> Coroutine[Any, Any, RunState]:
         def tick(c: Controller[Any]) -> None:
-            finished = [s for s in c.state.rollouts.values() if s.finished is not None]
+            training = [s for s in c.state.rollouts.values() if not s.started.validation]
+            finished = [s for s in training if s.finished is not None]
             counted = [s for s in finished if s.finished and s.finished.status in ("succeeded", "failed", "timeout")]
             rewards = [s.finished.reward for s in counted if s.finished and s.finished.reward is not None]
             mean = f"mean reward {sum(rewards) / len(rewards):.3f}" if rewards else "no rewards yet"
+            rounds = [r.reported for _, r in sorted(c.state.rounds.items()) if r.reported is not None]
+            held = (" · held-out v{} {}".format(rounds[-1].version, " ".join(
+                f"{s.setting} {s.mean_reward:.3f}" for s in rounds[-1].scores)) if rounds else "")
             update(total=len(c.tasks) * cfg.group_size, completed=len(counted),
-                   detail=f"running {len(c.state.running())} · finished {len(finished)} · {mean}")
+                   detail=f"running {len(c.state.running())} · finished {len(finished)} · {mean}{held}")
 
         return run(cfg, settings, tick)
 
     state = run_with_bar(f"run {cfg.run_id}", None, "", ControllerError, main)
     done = sum(1 for t in state.slots if state.group_done(t))
     typer.echo(f"run {cfg.run_id}: {done} task groups done; logs in {cfg.run_dir}", err=True)
+    for version, found in sorted(state.rounds.items()):
+        if found.reported is not None:
+            scores = ", ".join(f"{s.setting} {s.mean_reward:.3f} over {s.rollouts}" for s in found.reported.scores)
+            typer.echo(f"held-out validation of version {version}: {scores}", err=True)

@@ -1,0 +1,240 @@
+"""The seed system's ablation, reproduced: advantage level by loss normalisation on the multi-call lookup task.
+
+    advantage  sample   each recorded call a member of its task's group (GRPO over the calls)
+               rollout  the task-level advantage Tether uses (GRPO over the task's rollouts)
+    loss       token-mean  every trainable token of the batch weighs the same
+               per-task    every task weighs the same, and each rollout the same within it
+
+Four arms, `--seeds` seeds each, the same updates and the same held-out
+validation (greedy, every `--validate-every` updates, and the first and the
+last). Each run starts from the same format-only warm start and trains the
+torch learner (`trainer/learner.py`: the real batch, loss and optimiser) on
+episodes of the demo agent run in this process (`bench/_agent_loop.py`),
+so the twelve runs fit in about an hour and a half on two cores. It prints a
+table (final and best validation reward, area under the validation curve,
+entropy mean and trend, tokens and samples per task) with the spread over
+seeds, and plots validation reward and entropy per update for the four arms.
+
+    python bench/ablation.py                      # 4 arms x 3 seeds
+    python bench/ablation.py --seeds 1 --updates 10 --arms rollout/per-task   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from _agent_loop import AGENT, TASK, Agents, Episode, held_out, task_group
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoTokenizer
+
+from trainer.advantages import ScoredGroups, calls_of
+from trainer.batch import select
+from trainer.config import TrainerConfig
+from trainer.learner import TorchLearner
+
+from _shared import RESULTS, pyplot
+
+ARMS = ("sample/token-mean", "sample/per-task", "rollout/token-mean", "rollout/per-task")
+SEED_CLAIM = "rollout/per-task"  # the seed system's winner: task-level advantage with per-task normalisation
+
+
+@dataclass
+class Curve:
+    """One run: validation per version, and per update the numbers the table summarises."""
+    arm: str
+    seed: int
+    validation: list[tuple[int, float]] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    tokens_per_task: list[float] = field(default_factory=list)
+    samples_per_task: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def warm_model(home: Path, steps: int, max_turns: int, console: Console) -> Path:
+    """The tiny model warm-started on the lookup task's format only; reused while its recipe is unchanged."""
+    from tether.tiny_model import init_tiny
+    from tether.warm_start import warm_start
+
+    tiny = home / "tiny"
+    if not (tiny / "tokenizer.json").exists():
+        init_tiny(tiny)
+    sources = [Path(warm_start.__code__.co_filename), Path(TASK.__file__ or "")]
+    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
+    out = home / f"warm-lookup-{steps}-{recipe}"
+    if (out / "warm_start.json").exists():
+        return out
+    started = time.perf_counter()
+    _, losses, seconds = warm_start(
+        tiny, out, AGENT.SYSTEM, AGENT.TOOLS, steps=steps, seed=0,
+        turns=lambda rng: TASK.random_turns(rng, TASK.task(rng, -1), max_turns),
+        on_step=lambda i, loss: console.print(f"warm-start {i + 1}/{steps} loss {loss:.3f}") if i % 50 == 49 else None)
+    (out / "warm_start.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
+    console.print(f"warm-start: {steps} steps in {time.perf_counter() - started:.0f} s, loss {losses[0]:.3f} → "
+                  f"{losses[-1]:.3f}")
+    return out
+
+
+def validate(agents: Agents, tasks: list[dict[str, Any]], version: int) -> float:
+    episodes = agents.run(tasks, 0.0, version, seed=0)
+    return sum(e.reward or 0.0 for e in episodes) / len(episodes)
+
+
+def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Console) -> Curve:
+    """One run of one arm: `updates` updates of B groups of K rollouts, validated at the cadence."""
+    level, loss_mode = arm.split("/")
+    torch.manual_seed(seed)
+    config = TrainerConfig(run_id=f"ablation-{arm.replace('/', '-')}-{seed}", model=warm, lr=args.lr, kl_coef=0.0,
+                           epochs=args.epochs, loss_mode=loss_mode, advantage_level=level, zero_variance="drop",
+                           batch_groups=args.batch_groups, seed=seed, device="cpu")
+    learner = TorchLearner.load(config, torch.device("cpu"), None)
+    tokenizer = AutoTokenizer.from_pretrained(warm)
+    agents = Agents(learner.model, tokenizer, max_turns=args.max_turns)
+    held = held_out(10_000, args.held_out)
+    rng = random.Random(seed)
+    curve = Curve(arm, seed)
+    started = time.perf_counter()
+    for version in range(args.updates + 1):
+        if version % args.validate_every == 0 or version == args.updates:
+            learner.model.train(False)
+            curve.validation.append((version, validate(agents, held, version)))
+        if version == args.updates:
+            break
+        tasks = [TASK.task(rng, version * args.batch_groups + i) for i in range(args.batch_groups)]
+        learner.model.train(False)
+        episodes = agents.run([t for t in tasks for _ in range(args.group_size)], 1.0, version,
+                              seed=seed * 100_003 + version)
+        groups = [task_group(f"{config.run_id}.{t['id']}", t, episodes[i * args.group_size:(i + 1) * args.group_size])
+                  for i, t in enumerate(tasks)]
+        chosen = select(groups, version, max_staleness=0, zero_variance="drop", recipe=config.advantage)
+        learner.model.train()
+        metrics = learner.update(ScoredGroups.of(chosen.groups, config.advantage), version)
+        _record(curve, metrics.entropy, groups, episodes)
+        if version % 5 == 0:
+            console.print(f"  {arm} seed {seed} update {version + 1}/{args.updates}: batch reward "
+                          f"{curve.reward[-1]:.3f}, entropy {metrics.entropy:.3f}, validation "
+                          f"{curve.validation[-1][1]:.3f} (v{curve.validation[-1][0]}), "
+                          f"{time.perf_counter() - started:.0f} s")
+    curve.seconds = time.perf_counter() - started
+    return curve
+
+
+def _record(curve: Curve, entropy: float, groups: list[Any], episodes: list[Episode]) -> None:
+    curve.entropy.append(entropy)
+    curve.reward.append(sum(e.reward or 0.0 for e in episodes) / len(episodes))
+    tokens = [sum(sum(s.loss_mask) for r in g.rollouts for s in r.segments) for g in groups]
+    samples = [sum(calls_of(r) for r in g.rollouts) for g in groups]
+    curve.tokens_per_task.append(statistics.fmean(tokens))
+    curve.samples_per_task.append(statistics.fmean(samples))
+
+
+def _slope(values: list[float]) -> float:
+    """Least-squares slope per update: the entropy's trend."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = (n - 1) / 2, statistics.fmean(values)
+    return sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values)) / sum((i - mean_x) ** 2 for i in range(n))
+
+
+def _spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.3f} ± {statistics.pstdev(values):.3f}" if len(values) > 1 else f"{mean:.3f}"
+
+
+def summary(curves: list[Curve]) -> tuple[Table, dict[str, dict[str, list[float]]]]:
+    """The table, mean ± standard deviation over seeds, and its numbers."""
+    table = Table(title="Ablation on the lookup task: validation reward (greedy, held-out) and entropy")
+    for column in ("arm", "seeds", "final val", "best val", "area (mean val)", "entropy mean", "entropy trend/upd",
+                   "tokens/task", "samples/task", "s/run"):
+        table.add_column(column)
+    figures: dict[str, dict[str, list[float]]] = {}
+    for arm in ARMS:
+        runs = [c for c in curves if c.arm == arm]
+        if not runs:
+            continue
+        f = figures[arm] = {
+            "final": [c.validation[-1][1] for c in runs], "best": [max(v for _, v in c.validation) for c in runs],
+            "area": [statistics.fmean(v for _, v in c.validation) for c in runs],
+            "entropy": [statistics.fmean(c.entropy) for c in runs], "trend": [_slope(c.entropy) for c in runs],
+            "tokens": [statistics.fmean(c.tokens_per_task) for c in runs],
+            "samples": [statistics.fmean(c.samples_per_task) for c in runs], "seconds": [c.seconds for c in runs]}
+        table.add_row(arm + (" (seed system's)" if arm == SEED_CLAIM else ""), str(len(runs)),
+                      *(_spread(f[k]) for k in ("final", "best", "area", "entropy")),
+                      f"{statistics.fmean(f['trend']):+.4f}", f"{statistics.fmean(f['tokens']):.0f}",
+                      f"{statistics.fmean(f['samples']):.1f}", f"{statistics.fmean(f['seconds']):.0f}")
+    return table, figures
+
+
+def plot(curves: list[Curve], out: Path) -> Path:
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for arm, colour in zip(ARMS, ("#c73", "#e9a", "#37a", "#3a7"), strict=True):
+        runs = [c for c in curves if c.arm == arm]
+        if not runs:
+            continue
+        versions = [v for v, _ in runs[0].validation]
+        values = [[c.validation[i][1] for c in runs] for i in range(len(versions))]
+        top.plot(versions, [statistics.fmean(v) for v in values], "o-", color=colour, label=arm)
+        top.fill_between(versions, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.15)
+        steps = range(1, len(runs[0].entropy) + 1)
+        per_step = [[c.entropy[i] for c in runs] for i in range(len(runs[0].entropy))]
+        bottom.plot(steps, [statistics.fmean(v) for v in per_step], "-", color=colour, label=arm)
+        bottom.fill_between(steps, [min(v) for v in per_step], [max(v) for v in per_step], color=colour, alpha=0.15)
+    top.set(ylabel="validation reward (greedy)", title="advantage level / loss normalisation (band: min-max "
+                                                        "over seeds)")
+    top.legend(fontsize="small")
+    bottom.set(xlabel="update", ylabel="policy entropy (nats/token)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--validate-every", type=int, default=5)
+    parser.add_argument("--batch-groups", type=int, default=8, help="B: tasks per update.")
+    parser.add_argument("--group-size", type=int, default=8, help="K: rollouts per task.")
+    parser.add_argument("--held-out", type=int, default=64, help="Validation tasks.")
+    parser.add_argument("--max-turns", type=int, default=6)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--warm-steps", type=int, default=600)
+    parser.add_argument("--arms", default=",".join(ARMS), help="Comma-separated, from: " + ", ".join(ARMS))
+    parser.add_argument("--out", type=Path, default=RESULTS / "ablation")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    console = Console()
+    warm = warm_model(args.out / "models", args.warm_steps, args.max_turns, console)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
+    curves: list[Curve] = []
+    for seed in range(args.seeds):  # seeds outermost: an interrupted run still compares the arms
+        for arm in arms:
+            curves.append(train(arm, seed, warm, args, console))
+            (args.out / "curves.json").write_text(json.dumps([asdict(c) for c in curves]))
+    table, figures = summary(curves)
+    console.print(table)
+    (args.out / "summary.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                      "figures": figures}, indent=1))
+    console.print(f"plot: {plot(curves, args.out / 'ablation.png')}")
+
+
+if __name__ == "__main__":
+    main()
