@@ -216,8 +216,11 @@ def main() -> None:
     parser.add_argument("--warm-steps", type=int, default=600)
     parser.add_argument("--arms", default=",".join(ARMS), help="Comma-separated, from: " + ", ".join(ARMS))
     parser.add_argument("--out", type=Path, default=RESULTS / "ablation")
+    parser.add_argument("--threads", type=int, default=1, help=(
+        "torch's threads: one by default, since on a shared two-core machine two threads that must wait for "
+        "each other made a step 4-7x slower than one"))
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     console = Console()
     warm = warm_model(args.out / "models", args.warm_steps, args.max_turns, console)
     arms = [a for a in args.arms.split(",") if a]

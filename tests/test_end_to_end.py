@@ -74,13 +74,19 @@ def test_the_stack_trains_unmodified_harnesses(own_broker: KafkaBroker, tiny_mod
 
         tasks = [{"id": f"q{i}", "question": f"What is {i}?", "answer": str(i)} for i in range(4)]
         (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+        (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(t) + "\n" for t in [
+            {"id": "h0", "question": "What is x?", "answer": "42"}, {"id": "h1", "question": "What is y?",
+                                                                     "answer": "7"}]))
         (tmp_path / "run.yaml").write_text(yaml.safe_dump({
             "run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "concurrency": 4, "timeout_s": 120,
-            "harness": {"command": [sys.executable, str(AGENT), "--max-turns", "2", "--max-tokens", "16"]}}))
+            "harness": {"command": [sys.executable, str(AGENT), "--max-turns", "2", "--max-tokens", "16"]},
+            "validation": {"dataset": "held_out.jsonl", "every": 2}}))
         controller = ControllerSettings(gateway_url=settings.gateway_url, gateway_admin_key=settings.admin_key,
                                         gateway_secret=settings.secret, bus=bus)
         openai_agent = asyncio.run(run(load_config(tmp_path / "run.yaml"), controller))
-        assert len(openai_agent.rollouts) == 8 and all(s.finished for s in openai_agent.rollouts.values())
+        held_out = {r for r, s in openai_agent.rollouts.items() if s.started.validation}
+        assert len(openai_agent.rollouts) == 10 and all(s.finished for s in openai_agent.rollouts.values())
+        assert len(held_out) == 2 and openai_agent.rounds[0].reported is not None  # version 0, before any update
         mini = asyncio.run(run(load_config(mini_swe_agent_run(tmp_path / "mini", run_id)), controller))
         mini_ids = set(mini.rollouts) - set(openai_agent.rollouts)  # one run: the second view holds the first
         assert len(mini_ids) == 4, mini.rollouts
@@ -108,6 +114,9 @@ def test_the_stack_trains_unmodified_harnesses(own_broker: KafkaBroker, tiny_mod
         stored = asyncio.run(unique_groups(bus, run_id))
         replayed_events, rebuilt = asyncio.run(replay(bus, run_id, Policy()))
         assert len(stored) == 6 and content_hash(rebuilt) == content_hash(stored)
+        assert not held_out & {r.rollout_id for g in stored for r in g.rollouts}  # validated, never a sample
+        greedy = [c for c in replayed_events if isinstance(c, ModelCall) and c.rollout_id in held_out]
+        assert greedy and all(c.sampling.temperature == 0.0 and c.weight_version == 0 for c in greedy)
         calls = [e for e in replayed_events if isinstance(e, ModelCall)]
         assert {c.rollout_id for c in calls} == set(mini.rollouts)
         per_mini_rollout = [sum(c.rollout_id == rid for c in calls) for rid in mini_ids]
@@ -118,6 +127,9 @@ def test_the_stack_trains_unmodified_harnesses(own_broker: KafkaBroker, tiny_mod
 
     results = run_queries(connect(f"chdb://{settings.run_dir / 'clickhouse'}"), run_id)  # the sink's tables
     columns, rows = results["calls_per_rollout"]
-    assert sum(r[columns.index("rollouts")] for r in rows) == 12
+    assert sum(r[columns.index("rollouts")] for r in rows) == 14  # the two validation rollouts' calls too
+    columns, rows = results["validation_per_version"]
+    assert [(r[columns.index("version")], r[columns.index("setting")], r[columns.index("rollouts")])
+            for r in rows] == [(0, "greedy", 2)]
     assert len(results["updates"][1]) == 3
     assert os.path.exists(stack.logs / "trainer.log")

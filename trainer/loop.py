@@ -57,6 +57,7 @@ from trainer.tracking import Timing, Tracker, open_tracking, scalars, validation
 
 log = logging.getLogger("tether.trainer")
 UPDATE_ATTEMPTS = 3  # of one batch, when the backend loses its workers
+FINAL_ROUND_START_S = 60.0  # for the controller to start the last version's validation round
 
 
 @dataclass(kw_only=True)
@@ -325,34 +326,37 @@ class Trainer:
     async def _wait_validation(self, version: int) -> None:
         """While the controller validates the version the engine serves, the next update waits: the round's calls
         are all served by the version it scores. Bounded: a controller that died mid-round does not stop training."""
-        deadline = time.monotonic() + self.config.validation_wait_s
-        if self.control.validation_pending(version):
-            log.info("version %d: waiting for its validation round before the next update", version)
-        while self.control.validation_pending(version):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                log.warning("version %d: its validation round was not reported within %.0f s; updating anyway (the "
-                            "round's later calls will be served by the next version)", version,
-                            self.config.validation_wait_s)
-                return
-            self.control.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.control.changed.wait(), min(remaining, 1.0))
+        if not self.control.validation_pending(version):
+            return
+        log.info("version %d: waiting for its validation round before the next update", version)
+        if not await self._until(lambda: not self.control.validation_pending(version), self.config.validation_wait_s):
+            log.warning("version %d: its validation round was not reported within %.0f s; updating anyway (the "
+                        "round's later calls will be served by the next version)", version,
+                        self.config.validation_wait_s)
 
     async def _final_validation(self, state: TrainerState) -> None:
-        """After the last update of a run that validates, its version's round, so that the loggers have it."""
+        """After the last update of a run that validates, its version's round, so that the loggers have it. A
+        controller still running starts it at once; one that is gone (its dataset ran out first) never will, so
+        the round must start within FINAL_ROUND_START_S."""
         version = state.version
         if not self.control.validating or not self._done(state):
             return
-        deadline = time.monotonic() + self.config.validation_wait_s
         log.info("version %d is the last: waiting for its validation round", version)
-        while version not in self.control.validated and time.monotonic() < deadline:
+        if not await self._until(lambda: version in self.control.validating, FINAL_ROUND_START_S):
+            log.info("version %d: no validation round started (is the controller done?)", version)
+            return
+        if not await self._until(lambda: version in self.control.validated, self.config.validation_wait_s):
+            log.warning("version %d: its validation round was not reported within %.0f s", version,
+                        self.config.validation_wait_s)
+
+    async def _until(self, condition: Callable[[], bool], seconds: float) -> bool:
+        """Whether `condition` holds within `seconds`, as the control log is read."""
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
             self.control.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.control.changed.wait(), 1.0)
-        if version not in self.control.validated:
-            log.warning("version %d: no validation round was reported within %.0f s", version,
-                        self.config.validation_wait_s)
+        return condition()
 
     async def _commit(self, run: Session, version: int) -> Path:
         """Stage the checkpoint, load it into the engine, then commit it: the update counts from here."""
