@@ -385,18 +385,16 @@ def test_every_token_carries_the_same_advantage_however_its_rollout_is_split(
 def test_verl_weighs_every_token_as_the_torch_learner_does(drawn: Drawn, workers: int) -> None:
     """One optimiser step through `VerlBackend` (one row per segment, filler rows up to a multiple of workers times
     MICRO_BATCH, `tether_loss` per micro-batch, FSDP's mean over the ranks): per-task and token-mean give every
-    token the same coefficient in every split variant, and the torch learner's on the most split one.
-    seq-mean-token-mean is held relatively here (every segment alike, evenly over its tokens); its divisor is
-    test_verl_seq_mean_token_mean_divides_by_the_segments_it_trains."""
+    token the same coefficient in every split variant; in every mode each token weighs what the torch learner gives
+    it on the most split one (seq-mean-token-mean: every segment 1/S, fillers uncounted)."""
     for mode in MODES:
         c = config(mode, workers=workers)
         weights = {v: one_step(verl_steps(groups, c)) for v, groups in drawn.batch.items()}
         for v, groups in drawn.batch.items():
-            check(mode, groups, weights[v], absolute=mode != "seq-mean-token-mean")
+            check(mode, groups, weights[v])
             if mode != "seq-mean-token-mean":
                 assert weights[v] == near(weights["merged"])
-        if mode != "seq-mean-token-mean":
-            assert weights["cut"] == near(one_step(torch_steps(drawn.batch["cut"], c)))
+        assert weights["cut"] == near(one_step(torch_steps(drawn.batch["cut"], c)))
 
 
 def check_steps(mode: LossMode, groups: list[TaskGroup], whole: Weights, steps: list[Weights], epochs: int,
@@ -436,14 +434,15 @@ def check_steps(mode: LossMode, groups: list[TaskGroup], whole: Weights, steps: 
 def test_each_optimiser_step_weighs_as_the_mode_says_with_mini_batches_and_epochs(
         drawn: Drawn, mini_batches: int, epochs: int, workers: int, row_tokens: int | None) -> None:
     """`epochs` passes of `mini_batches` optimiser steps, in both backends (each splits the rows its own way: the
-    torch learner in order, verl by rank then in order): see `check_steps`. verl's steps on filler rows only and its
-    seq-mean-token-mean divisor are the xfail tests'."""
+    torch learner in order, verl by rank then in order): see `check_steps`. verl is given no mini-batch without a
+    token to train (it would step the optimiser on it)."""
     groups = drawn.batch["by calls"]
     for mode in MODES:
         c = config(mode, mini_batches=mini_batches, epochs=epochs, workers=workers, row_tokens=row_tokens)
         whole = one_step(torch_steps(groups, config(mode, row_tokens=row_tokens)))
         check_steps(mode, groups, whole, torch_steps(groups, c), epochs, absolute=True)
-        check_steps(mode, groups, whole, verl_steps(groups, c), epochs, absolute=mode != "seq-mean-token-mean")
+        check_steps(mode, groups, whole, verl_steps(groups, c), epochs, absolute=True)
+        assert all(n > 0 for n in verl_run(groups, c).tokens)
 
 
 def flat_group(ids: Ids, gid: str, rollouts: int, reward: float) -> TaskGroup:
@@ -468,10 +467,10 @@ def idle_rollouts(ids: Ids, gid: str, reward: float) -> list[RolloutSample]:
 def test_padding_idle_rollouts_and_no_signal_groups_leave_the_others_weights(
         drawn: Drawn, workers: int, reward: float, normalise_by_std: bool, credit: Credit) -> None:
     """Rows padded to a micro-batch's longest, verl's filler rows, rollouts and a whole task with no trainable token:
-    the others' coefficients are what they were, in both backends (verl's seq-mean-token-mean divisor aside: see
-    the xfail test). With `zero_variance: drop` (the default) a group without signal changes nothing either. With
-    `keep` it is a task like the others, advantage 0: docs/architecture.md's G' counts every group with a trainable
-    token, so it does take its 1/|G'| share from the others."""
+    the others' coefficients are what they were, in both backends and every mode. With `zero_variance: drop` (the
+    default) a group without signal changes nothing either. With `keep` it is a task like the others, advantage 0:
+    docs/architecture.md's G' counts every group with a trainable token, so it does take its 1/|G'| share from the
+    others."""
     base, ids = drawn.batch["by calls"], drawn.ids
     padded = [replace(g, rollouts=[*g.rollouts, *idle_rollouts(ids, g.group_id, reward)], group_size=g.group_size + 4)
               for g in base]
@@ -484,18 +483,15 @@ def test_padding_idle_rollouts_and_no_signal_groups_leave_the_others_weights(
     assert kept == [*base, *flat]
     for mode in MODES:
         c = config(mode, workers=workers, rows_per_micro_batch=2)
-        for steps in [torch_steps] if mode == "seq-mean-token-mean" else [torch_steps, verl_steps]:
+        for steps in (torch_steps, verl_steps):
             assert one_step(steps(padded, c)) == near(one_step(steps(base, c)))
             check(mode, kept, one_step(steps(kept, c)))  # G' counts the flat groups too
 
 
-@pytest.mark.xfail(strict=True, reason="verl backend, seq-mean-token-mean: `VerlWorkers.update` hands verl "
-                   "global_batch_size = rows // mini_batches, which counts the filler rows (and rows with no "
-                   "trainable token) that `agg_loss` leaves out of the numerator; the torch learner divides by the "
-                   "rows it trains")
 def test_verl_seq_mean_token_mean_divides_by_the_segments_it_trains() -> None:
     """Three one-segment rollouts, two workers: verl's rows are a multiple of 2·MICRO_BATCH, so one filler row.
-    Each segment should weigh 1/3 (docs: the mean over segments), as in the torch learner; verl gives it 1/4."""
+    Each segment should weigh 1/3 (docs: the mean over segments), as in the torch learner; verl's own divisor,
+    global_batch_size, counts the filler and gave it 1/4."""
     ids = Ids()
     groups = [TaskGroup(group_id="g", run_id="divisor", task_id="t", group_size=3, created_at=T0, rollouts=[
         RolloutSample(rollout_id=f"r{r}", reward=float(r % 2), status="succeeded",
@@ -506,19 +502,15 @@ def test_verl_seq_mean_token_mean_divides_by_the_segments_it_trains() -> None:
         f"segments weigh {rollout_weights(by_verl, groups)} in verl, {rollout_weights(by_torch, groups)} in torch"
 
 
-@pytest.mark.xfail(strict=True, reason="verl backend, mini_batches > 1: filler rows all sit at the end, so a global "
-                   "mini-batch can be fillers only; verl's train_batch still steps the optimiser on it (AdamW moves "
-                   "the weights along its momentum on a zero gradient), where the torch learner skips a mini-batch "
-                   "with no trainable token")
 def test_verl_takes_no_optimiser_step_on_filler_rows_only() -> None:
-    """Two one-segment rollouts, one worker, two mini-batches: 4 rows, [a, b, filler, filler]; the second
-    mini-batch has nothing to train."""
+    """Two one-segment rollouts, one worker, two mini-batches: 4 rows; laid out [a, b, filler, filler] the second
+    mini-batch had nothing to train. Each of the two steps has a segment."""
     ids = Ids()
     groups = [TaskGroup(group_id="g", run_id="divisor", task_id="t", group_size=2, created_at=T0, rollouts=[
         RolloutSample(rollout_id=f"r{r}", reward=float(r), status="succeeded",
                       segments=assembled([(ids.take(2), ids.take(3))], [])) for r in range(2)])]
     tokens = verl_run(groups, config("per-task", workers=1, mini_batches=2)).tokens
-    assert all(n > 0 for n in tokens), f"trainable tokens of the mini-batches verl steps on: {tokens}"
+    assert len(tokens) == 2 and all(n > 0 for n in tokens), f"trainable tokens of verl's mini-batches: {tokens}"
 
 
 def test_the_stand_ins_read_the_loss_as_a_hand_computation_does() -> None:

@@ -6,8 +6,13 @@ becomes verl's multi-turn layout, one row per segment: the opening prompt
 (left-padded) and everything after it as the "response", with
 `response_mask` off on the gaps (tool output, user turns);
 `behaviour_log_probs` are the logprobs the gateway recorded, `advantages`
-the task-level ones and `token_weights` the per-task normalisation. The
-workers (`trainer/verl/workers.py`) apply Tether's loss to it, so both
+the task-level ones and `token_weights` the normalisation of per-task and
+seq-mean-token-mean, counted per optimiser step (verl's own divisor of
+seq-mean-token-mean is one number for every mini-batch and counts filler
+rows). Mini-batches are runs of the segments that train, in order, as the
+torch learner cuts its rows; none of them is filler rows only, so verl (which
+steps the optimiser on every mini-batch it is given) takes no step on nothing.
+The workers (`trainer/verl/workers.py`) apply Tether's loss to it, so both
 backends optimise the same objective. After an update the checkpoint holds
 the weights as a Hugging Face folder (what the inference engines load) and
 the workers' sharded checkpoint under `actor/`.
@@ -16,6 +21,7 @@ the workers' sharded checkpoint under `actor/`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -26,6 +32,7 @@ from verl import DataProto
 
 from trainer import checkpoint
 from trainer.advantages import ScoredGroups
+from trainer.algorithms import LossMode
 from trainer.batch import Piece, pieces
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
@@ -35,17 +42,61 @@ from trainer.metrics import UpdateMetrics
 log = logging.getLogger("tether.trainer.verl")
 
 
-def to_verl(scored: ScoredGroups, config: TrainerConfig, pad_id: int = 0, rows_multiple: int = 1) -> DataProto:
-    """One verl sample per segment: (prompt, response) with masks, behaviour logprobs and advantages. The rows
-    are made a multiple of `rows_multiple` (workers times mini-batches) with copies of the last that train nothing."""
-    return _layout(_filled(pieces(scored, config.loss_mode), rows_multiple), config.temperature, pad_id)
+def to_verl(scored: ScoredGroups, config: TrainerConfig, pad_id: int = 0, rows_multiple: int = 1,
+            world_size: int = 1) -> DataProto:
+    """One verl sample per segment that trains: (prompt, response) with masks, behaviour logprobs, advantages and
+    weights, in `config.mini_batches` mini-batches (fewer if there are fewer segments), each filled up to a multiple
+    of `rows_multiple` (workers times rows per forward) with copies that train nothing."""
+    return _rows(_mini_batches(pieces(scored, config.loss_mode), config), config, world_size, rows_multiple, pad_id)
 
 
-def _filled(laid: list[Piece], rows_multiple: int) -> list[Piece]:
-    if not laid:
-        return laid
-    filler = dataclasses.replace(laid[-1], mask=[0.0] * len(laid[-1].mask), weight=0.0)
-    return laid + [filler] * (-len(laid) % rows_multiple)
+def _trained(laid: list[Piece], mode: LossMode) -> list[Piece]:
+    """The segments with a trainable token (a row of the others trains nothing, and costs a forward). In
+    seq-mean-token-mean each weighs 1/S, spread evenly over its T tokens: the workers sum token weights in that mode
+    as in per-task, and each mini-batch's are scaled to its own S (`_scale_mini_batches`)."""
+    live = [p for p in laid if any(p.mask)]
+    if mode != "seq-mean-token-mean":
+        return live
+    return [dataclasses.replace(p, weight=1.0 / (len(live) * sum(p.mask))) for p in live]
+
+
+def _mini_batches(laid: list[Piece], config: TrainerConfig) -> list[list[Piece]]:
+    """The trained segments in order, in runs of ⌈n/M⌉ as the torch learner cuts its rows: every run has a token to
+    train. Empty when nothing does."""
+    live = _trained(laid, config.loss_mode)
+    size = max(1, -(-len(live) // config.mini_batches))
+    return [live[i:i + size] for i in range(0, len(live), size)]
+
+
+def _rows(runs: list[list[Piece]], config: TrainerConfig, world_size: int, rows_multiple: int,
+          pad_id: int = 0) -> DataProto:
+    """The mini-batches as verl cuts them: worker w gets a contiguous share of the rows and takes its part of each
+    mini-batch from it in order. Each mini-batch is dealt evenly to the workers and filled to the same number of
+    rows, so that a worker's micro-batches hold real rows where there are enough."""
+    longest = max(len(run) for run in runs)
+    per_worker = -(-longest // rows_multiple) * rows_multiple // world_size
+    filler = _filler(min((p for run in runs for p in run), key=lambda p: len(p.tokens)))  # the cheapest forward
+    dealt = [_dealt(run, world_size) for run in runs]
+    rows: list[Piece] = []
+    for w in range(world_size):
+        for parts in dealt:
+            rows += parts[w] + [filler] * (per_worker - len(parts[w]))
+    batch = _layout(rows, config.temperature, pad_id)
+    if config.loss_mode != "token-mean" and len(runs) > 1:
+        _scale_mini_batches(batch.batch, world_size, len(runs))
+    return batch
+
+
+def _dealt(run: list[Piece], parts: int) -> list[list[Piece]]:
+    """`run` in `parts` pieces in order, their lengths differing by one at most."""
+    size, extra = divmod(len(run), parts)
+    bounds = [k * size + min(k, extra) for k in range(parts + 1)]
+    return [run[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _filler(piece: Piece) -> Piece:
+    """A row that trains nothing, shaped like `piece` (verl has no empty sequence)."""
+    return dataclasses.replace(piece, mask=[0.0] * len(piece.mask), weight=0.0)
 
 
 def _layout(laid: list[Piece], temperature: float, pad_id: int = 0) -> DataProto:
@@ -137,18 +188,14 @@ class VerlBackend:
     def _update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
         started = time.perf_counter()
         c = self.config
-        laid = pieces(scored, c.loss_mode)
-        if not laid:
+        runs = _mini_batches(pieces(scored, c.loss_mode), c)
+        if not runs:
             return UpdateMetrics()
-        batch = _layout(_filled(laid, self.workers.rows_multiple * c.mini_batches), c.temperature)
+        batch = _rows(runs, c, self.workers.world_size, self.workers.rows_multiple)
         t = batch.batch
-        if float(t["response_mask"].sum()) == 0:
-            return UpdateMetrics()
         if c.epochs * c.mini_batches > 1:  # π_prox: the policy before the first step, as the torch learner takes it
             t["prox_log_probs"] = self.workers.log_probs(batch)
-        if c.loss_mode == "per-task" and c.mini_batches > 1:
-            _scale_mini_batches(t, self.workers.world_size, c.mini_batches)
-        reported = self.workers.update(batch, c.mini_batches, c.epochs)
+        reported = self.workers.update(batch, len(runs), c.epochs)
         mask = t["response_mask"] > 0
         stale = [version - v for g in scored.groups for r in g.rollouts for s in r.segments
                  for v, m in zip(s.weight_versions[1:], s.loss_mask[1:], strict=True) if m]
@@ -173,9 +220,10 @@ class VerlBackend:
 
 
 def _scale_mini_batches(t: Any, world_size: int, mini_batches: int) -> None:
-    """Per-task weights sum to 1 over the batch; each optimiser step sees one mini-batch, so its weights are
-    scaled back to that mass, as the torch learner does. verl gives each worker a contiguous share of the rows
-    and each worker takes its mini-batches from its share in order."""
+    """Per-task (and here seq-mean-token-mean) weights sum to 1 over the batch; each optimiser step sees one
+    mini-batch, so its weights are scaled back to that mass, as the torch learner does per-task (in
+    seq-mean-token-mean each segment then weighs 1/S of its own mini-batch's S). verl gives each worker a contiguous
+    share of the rows and each worker takes its mini-batches from its share in order."""
     rows = t["token_weights"].shape[0]
     share, per_mini = rows // world_size, rows // world_size // mini_batches
     mass = (t["token_weights"] * t["response_mask"]).sum(-1)

@@ -15,6 +15,7 @@ update (`update_actor`), the trained weights as a Hugging Face folder
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterator
@@ -88,7 +89,10 @@ def tether_loss(model_output: dict[str, Any], data: TensorDict, dp_group: Any = 
     """Tether's objective (`trainer/algorithms.policy_loss`) on one micro-batch of a worker's share.
 
     FSDP averages gradients over the data-parallel ranks, so each rank's share of the global sum is multiplied
-    by their number, as verl's own losses do. Without `prox_log_probs` π_prox is the current policy."""
+    by their number, as verl's own losses do. Without `prox_log_probs` π_prox is the current policy.
+    seq-mean-token-mean comes as per-task does, its normalisation in `token_weights` (the backend's, counted per
+    optimiser step) to be summed: verl's own divisor, `global_batch_size`, is one number for every mini-batch and
+    counts filler rows."""
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     fields = ["response_mask", "behaviour_log_probs", "advantages", "token_weights"]
     if "prox_log_probs" in data:
@@ -96,9 +100,10 @@ def tether_loss(model_output: dict[str, Any], data: TensorDict, dp_group: Any = 
     t = data.select(*fields).to_padded_tensor()
     mask = t["response_mask"]
     prox = t["prox_log_probs"] if "prox_log_probs" in t else log_prob.detach()
+    summed = dataclasses.replace(loss, mode="per-task") if loss.mode == "seq-mean-token-mean" else loss
     value, metrics = policy_loss(
         log_prob=log_prob, prox_log_prob=prox, behaviour_log_prob=t["behaviour_log_probs"],
-        advantages=t["advantages"], mask=mask, token_weights=t["token_weights"], config=loss,
+        advantages=t["advantages"], mask=mask, token_weights=t["token_weights"], config=summed,
         batch_tokens=int(data["batch_num_tokens"]), batch_sequences=int(data["global_batch_size"]))
     dp_size = int(data["dp_size"])
     # each micro-batch's means weighted by its share of the mini-batch's tokens: summed over micro-batches and
@@ -207,7 +212,8 @@ class VerlWorkers:
         return no_padding_2_padding(tu.get(output, "log_probs"), td).float()
 
     def update(self, batch: DataProto, mini_batches: int, epochs: int) -> dict[str, Any]:
-        """verl's `update_actor`: `epochs` passes of `mini_batches` optimiser steps, in the batch's order."""
+        """verl's `update_actor`: `epochs` passes of `mini_batches` optimiser steps, in the batch's order. verl steps
+        on every mini-batch, so the backend gives it none without a token to train."""
         td = left_right_2_no_padding(batch.to_tensordict())
         rows = len(batch)
         if rows % (mini_batches * self.rows_multiple):
