@@ -21,6 +21,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ WORDS = ("file line error test function value return list answer question tool c
 DEPTHS = (1, 2, 3)
 SHOWN = 3  # words the question shows: the one asked for, and two that lead elsewhere
 LOW, HIGH = 10, 99  # the numbers
+QUOTED = re.compile(r'"([a-z]+)"')
 
 
 def task(rng: random.Random, index: int, depth: int | None = None) -> dict[str, Any]:
@@ -39,13 +41,24 @@ def task(rng: random.Random, index: int, depth: int | None = None) -> dict[str, 
     words = rng.sample(WORDS, depth + SHOWN - 1)
     chain, others = words[:depth], words[depth:]
     answer = rng.randint(LOW, HIGH)
-    facts = {a: f"{a} is {b}." for a, b in itertools.pairwise(chain)}
-    facts[chain[-1]] = f"{chain[-1]} is {answer}."
-    facts.update({w: f"{w} is {rng.randint(LOW, HIGH)}." for w in others})
+    facts = {a: f'"{a}" is "{b}".' for a, b in itertools.pairwise(chain)}
+    facts[chain[-1]] = f'"{chain[-1]}" is {answer}.'
+    facts.update({w: f'"{w}" is {rng.randint(LOW, HIGH)}.' for w in others})
     shown = [chain[0], *others]
     rng.shuffle(shown)
-    return {"id": f"lookup-{index}", "question": f"Words: {', '.join(shown)}. What number is {chain[0]}?",
+    return {"id": f"lookup-{index}", "question": f"Words: {', '.join(quoted(w) for w in shown)}. What number is "
+                                                 f"{quoted(chain[0])}?",
             "answer": str(answer), "facts": facts, "depth": depth}
+
+
+def quoted(word: str) -> str:
+    """Words are written in quotes everywhere (question, answers, the call's JSON), so that a word is the same
+    token wherever it appears: what the agent copies is what it saw."""
+    return f'"{word}"'
+
+
+def words_in(text: str) -> list[str]:
+    return QUOTED.findall(text)
 
 
 Turn = tuple[list[dict[str, Any]], dict[str, Any]]
@@ -56,7 +69,7 @@ def random_turns(rng: random.Random, t: dict[str, Any], max_turns: int) -> list[
     """An agent with the tool-call format and no idea what to do: each turn it looks up a word it has seen or
     submits a number it has seen (any number while it has seen none), at even odds. The warm-start learns the
     format from these; the policy has to be learnt by RL."""
-    seen_words = [w.strip() for w in t["question"].split(":", 1)[1].split(".")[0].split(",")]
+    seen_words = list(dict.fromkeys(words_in(t["question"])))
     seen_numbers: list[str] = []
     messages: list[dict[str, Any]] = [{"role": "user", "content": t["question"]}]
     turns: list[Turn] = []
@@ -78,8 +91,7 @@ def random_turns(rng: random.Random, t: dict[str, Any], max_turns: int) -> list[
         found = fact.rstrip(".").split(" is ")[-1]
         if found.isdigit():
             seen_numbers.append(found)
-        elif found in t["facts"] and found not in seen_words:
-            seen_words.append(found)
+        seen_words += [w for w in words_in(fact) if w not in seen_words]
     return turns
 
 
