@@ -61,22 +61,32 @@ class Curve:
     seconds: float = 0.0
 
 
-def warm_model(home: Path, steps: int, max_turns: int, console: Console) -> Path:
-    """The tiny model warm-started on the lookup task's format only; reused while its recipe is unchanged."""
+def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console: Console) -> Path:
+    """The tiny model taught to copy (tether/copying.py), then warm-started on the lookup task's format only; each
+    reused while its recipe is unchanged."""
+    from tether.copying import teach_copying
     from tether.tiny_model import init_tiny
     from tether.warm_start import warm_start
 
     tiny = home / "tiny"
     if not (tiny / "tokenizer.json").exists():
         init_tiny(tiny)
+    base = home / f"tiny-copying-{copy_steps}"
+    if copy_steps and not (base / "copying.json").exists():
+        _, losses, seconds = teach_copying(
+            tiny, base, steps=copy_steps,
+            on_step=lambda i, loss: console.print(f"copying {i + 1}/{copy_steps} loss {loss:.3f}") if i % 100 == 99
+            else None)
+        (base / "copying.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
+    start = base if copy_steps else tiny
     sources = [Path(warm_start.__code__.co_filename), Path(TASK.__file__ or "")]
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
-    out = home / f"warm-lookup-{steps}-{recipe}"
+    out = home / f"warm-lookup-{steps}-copy{copy_steps}-{recipe}"
     if (out / "warm_start.json").exists():
         return out
     started = time.perf_counter()
     _, losses, seconds = warm_start(
-        tiny, out, AGENT.SYSTEM, AGENT.TOOLS, steps=steps, seed=0,
+        start, out, AGENT.SYSTEM, AGENT.TOOLS, steps=steps, seed=0,
         turns=lambda rng: TASK.random_turns(rng, TASK.task(rng, -1), max_turns),
         on_step=lambda i, loss: console.print(f"warm-start {i + 1}/{steps} loss {loss:.3f}") if i % 50 == 49 else None)
     (out / "warm_start.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
@@ -213,7 +223,8 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--warm-steps", type=int, default=600)
+    parser.add_argument("--copy-steps", type=int, default=600, help="Teaching the tiny model to copy, first.")
+    parser.add_argument("--warm-steps", type=int, default=300)
     parser.add_argument("--arms", default=",".join(ARMS), help="Comma-separated, from: " + ", ".join(ARMS))
     parser.add_argument("--out", type=Path, default=RESULTS / "ablation")
     parser.add_argument("--threads", type=int, default=1, help=(
@@ -222,7 +233,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
-    warm = warm_model(args.out / "models", args.warm_steps, args.max_turns, console)
+    warm = warm_model(args.out / "models", args.copy_steps, args.warm_steps, args.max_turns, console)
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(ARMS)
     if unknown:

@@ -50,10 +50,11 @@ Task = Literal["letters", "lookup"]
 PRESETS: dict[Task, dict[str, Any]] = {
     # greedy is no measure here: the warm model's single likeliest letter is already A (the question names it),
     # while its sampled answers are right about one time in six; so the harness's own sampling is validated
-    "letters": {"updates": 24, "warm_steps": 200, "lr": 5e-4, "max_turns": 3, "validate_every": 6,
+    "letters": {"updates": 24, "copy_steps": 0, "warm_steps": 200, "lr": 5e-4, "max_turns": 3, "validate_every": 6,
                 "validation_tasks": 32, "validation_temperatures": [None]},
-    "lookup": {"updates": 60, "warm_steps": 600, "lr": 5e-4, "max_turns": 6, "validate_every": 5,
-               "validation_tasks": 64, "validation_temperatures": [0.0]},
+    # the answer is copied from tool results: the tiny model is first taught to copy (tether/copying.py)
+    "lookup": {"updates": 60, "copy_steps": 600, "warm_steps": 300, "lr": 5e-4, "max_turns": 6,
+               "validate_every": 5, "validation_tasks": 64, "validation_temperatures": [0.0]},
 }
 
 
@@ -67,6 +68,7 @@ class DemoSettings(BaseSettings):
     batch_groups: int = Field(8, ge=1)
     updates: int = Field(ge=1)
     concurrency: int = Field(8, ge=1)
+    copy_steps: int = Field(ge=0, description="Steps teaching the tiny model to copy before the warm-start (0: none).")
     warm_steps: int = Field(ge=0)
     lr: float = Field(gt=0)
     kl_coef: float = 0.01
@@ -150,10 +152,13 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     if not (tiny / "tokenizer.json").exists():
         with status(console, "building the tiny model..."):
             init_tiny(tiny)
+    if settings.copy_steps:
+        tiny = _copying_model(settings, console, tiny)
     agent = _agent_module()
     sources = [Path(warm_start.__code__.co_filename)] + ([LOOKUP] if settings.task == "lookup" else [])
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]  # the task too
-    warm = settings.home / "models" / f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-{recipe}"
+    warm = settings.home / "models" / (f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-{recipe}"
+                                       + (f"-copy{settings.copy_steps}" if settings.copy_steps else ""))
     record = warm / "warm_start.json"  # written last: its presence means the folder is complete
     if record.exists():
         losses, warm_s = (json.loads(record.read_text())[k] for k in ("losses", "seconds"))
@@ -168,6 +173,21 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     console.print(f"warm-start: {settings.warm_steps} steps in {warm_s:.0f} s, loss {losses[0]:.3f} → "
                   f"{losses[-1]:.3f}")
     return warm, warm_s
+
+
+def _copying_model(settings: DemoSettings, console: Console, tiny: Path) -> Path:
+    """The tiny model taught to copy from its context (tether/copying.py); reused once made."""
+    from tether.copying import teach_copying
+
+    base = settings.home / "models" / f"tiny-copying-{settings.copy_steps}-seed{settings.seed}"
+    if (base / "copying.json").exists():
+        return base
+    with Shown(console, "base skill: copying from the context", settings.copy_steps) as bar:
+        _, losses, seconds = teach_copying(tiny, base, steps=settings.copy_steps, seed=settings.seed,
+                                           on_step=lambda i, loss: bar.update(i + 1, f"loss {loss:.3f}"))
+    (base / "copying.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
+    console.print(f"copying: {settings.copy_steps} steps in {seconds:.0f} s, loss {losses[0]:.3f} → {losses[-1]:.3f}")
+    return base
 
 
 @dataclass(frozen=True, kw_only=True)
