@@ -32,7 +32,7 @@ from controller.plan import Launch, RolloutState, RunState
 from controller.rewards import parse_reward
 from controller.runners.base import Exit, Runner, Spec
 from controller.settings import ControllerSettings
-from controller.validation import due, settings_of
+from controller.validation import settings_of
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer
 from schemas.events import (
@@ -123,11 +123,8 @@ class Controller(Generic[S]):
         return self.state.done(self.tasks)
 
     def _round_due(self) -> bool:
-        """The version the engine serves now is due for validation and has no round yet. A version whose next
-        update is already requested is let go: its rollouts would be served by the next one."""
-        v, validation = self.state.version, self.config.validation
-        return (validation is not None and v not in self.state.rounds and self.state.requested <= v
-                and due(v, validation.every, self.state.final == v))
+        validation = self.config.validation
+        return validation is not None and self.state.round_due(validation.every)
 
     async def _start_round(self) -> None:
         if not self._round_due() or self.state.open_round() is not None:

@@ -24,12 +24,13 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controller.validation import Outcome, Round, Setting, group_key, score
+from controller.validation import Outcome, Round, Setting, due, group_key, score
 from schemas.events import (
     Event,
     RewardReported,
     RolloutFinished,
     RolloutStarted,
+    UpdateAborted,
     UpdateRequested,
     ValidationReported,
     ValidationScore,
@@ -100,6 +101,7 @@ class RunState:
     version: int = 0  # the latest weight version the trainer published for the run
     final: int | None = None  # the version the trainer said was its last
     requested: int = 0  # the latest version the trainer asked the gateways to drain for
+    settled: int = 0  # the latest version published or aborted
     rounds: dict[int, Round] = field(default_factory=dict)  # validation rounds by the version they validate
 
     def apply(self, event: Event) -> None:
@@ -107,10 +109,13 @@ class RunState:
             return
         if isinstance(event, WeightVersionPublished):
             self.version = max(self.version, event.version)
+            self.settled = max(self.settled, event.version)
             if event.final:
                 self.final = event.version
         elif isinstance(event, UpdateRequested):
             self.requested = max(self.requested, event.version)
+        elif isinstance(event, UpdateAborted):
+            self.settled = max(self.settled, event.version)
         elif isinstance(event, ValidationStarted):
             found = self.rounds.setdefault(event.version, Round(event.version))
             found.started = found.started or event
@@ -219,6 +224,14 @@ class RunState:
         return self.final is not None or all(self.group_done(group_id(self.run_id, str(t["id"]))) for t in tasks)
 
     # -- validation ----------------------------------------------------------------
+
+    def round_due(self, every: int) -> bool:
+        """The version the engine serves is due for validation and has no round yet. While an update past it is
+        pending (requested, neither published nor aborted), it is let go: its rollouts would be served by the next
+        version."""
+        v = self.version
+        pending = self.requested > v and self.requested > self.settled
+        return v not in self.rounds and not pending and due(v, every, self.final == v)
 
     def open_round(self) -> Round | None:
         """The round started and not yet reported (at most one: the trainer waits for each)."""
