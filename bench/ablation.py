@@ -65,6 +65,7 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
     """The tiny model taught to copy (tether/copying.py), then warm-started on the lookup task's format only; each
     reused while its recipe is unchanged."""
     from tether.copying import teach_copying
+    from tether.supervised import fit
     from tether.tiny_model import init_tiny
     from tether.warm_start import warm_start
 
@@ -79,7 +80,7 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
             else None)
         (base / "copying.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
     start = base if copy_steps else tiny
-    sources = [Path(warm_start.__code__.co_filename), Path(TASK.__file__ or "")]
+    sources = [Path(warm_start.__code__.co_filename), Path(fit.__code__.co_filename), Path(TASK.__file__ or "")]
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
     out = home / f"warm-lookup-{steps}-copy{copy_steps}-{recipe}"
     if (out / "warm_start.json").exists():

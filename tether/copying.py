@@ -15,12 +15,13 @@ when, is still the policy's to learn.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tether.supervised import Batch, fit
 
 FIRST_ORDINARY = 3  # the tokenizer's special tokens come first
 
@@ -29,29 +30,13 @@ def teach_copying(model_dir: Path, out: Path, steps: int = 600, batch: int = 32,
                   seed: int = 0, on_step: Callable[[int, float], None] | None = None
                   ) -> tuple[Path, list[float], float]:
     """Train on repeated random spans; returns the saved model, the loss per step and the seconds it took."""
-    torch.manual_seed(seed)
     rng = random.Random(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    vocab = range(FIRST_ORDINARY, len(tokenizer))
-    losses: list[float] = []
-    started = time.perf_counter()
-    model.train()
-    for step in range(steps):
-        rows = [[rng.choice(vocab) for _ in range(span)] for _ in range(batch)]
+
+    def batch_of(tokenizer: Any) -> Batch:
+        rows = [[rng.randrange(FIRST_ORDINARY, len(tokenizer)) for _ in range(span)] for _ in range(batch)]
         ids = torch.tensor([row + row for row in rows])
         labels = ids.clone()
         labels[:, :span + 1] = -100  # the first run cannot be predicted, nor the repeat's first token
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1])
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out, losses, time.perf_counter() - started
+        return ids, labels, None
+
+    return fit(model_dir, out, steps, lr, seed, batch_of, on_step)

@@ -145,6 +145,7 @@ def main(settings: DemoSettings, console: Console) -> int:
 
 def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     """The tiny model warm-started on the task's tool-call format; reused while its recipe is unchanged."""
+    from tether.supervised import fit
     from tether.tiny_model import init_tiny
     from tether.warm_start import warm_start
 
@@ -155,7 +156,8 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     if settings.copy_steps:
         tiny = _copying_model(settings, console, tiny)
     agent = _agent_module()
-    sources = [Path(warm_start.__code__.co_filename)] + ([LOOKUP] if settings.task == "lookup" else [])
+    sources = [Path(warm_start.__code__.co_filename), Path(fit.__code__.co_filename)] + (
+        [LOOKUP] if settings.task == "lookup" else [])
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]  # the task too
     warm = settings.home / "models" / (f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-{recipe}"
                                        + (f"-copy{settings.copy_steps}" if settings.copy_steps else ""))

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tether.supervised import Batch, fit
 
 Turn = tuple[list[dict[str, Any]], dict[str, Any]]
 """The conversation after the system turn, and the tool call ({"name", "arguments"}) to learn to make next."""
@@ -65,15 +65,9 @@ def warm_start(model_dir: Path, out: Path, system: str, tools: list[dict[str, An
                turns: Turns = letter_turns) -> tuple[Path, list[float], float]:
     """Train on the format, one turn of a fresh episode per example; returns the saved model, the loss per step
     and the seconds it took."""
-    torch.manual_seed(seed)
     rng = random.Random(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses: list[float] = []
-    started = time.perf_counter()
-    model.train()
-    for step in range(steps):
+
+    def batch_of(tokenizer: Any) -> Batch:
         examples = []
         for _ in range(batch):
             episode = turns(rng)
@@ -88,15 +82,6 @@ def warm_start(model_dir: Path, out: Path, system: str, tools: list[dict[str, An
             ids[i, :len(seq)] = torch.tensor(seq)
             labels[i, len(prompt):len(seq)] = torch.tensor(completion)
             mask[i, :len(seq)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1])
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out, losses, time.perf_counter() - started
+        return ids, labels, mask
+
+    return fit(model_dir, out, steps, lr, seed, batch_of, on_step)
