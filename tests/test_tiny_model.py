@@ -68,27 +68,3 @@ def test_format_tokens_are_single_tokens_that_decode_to_text(tiny_model: Path) -
     ids = tokenizer(call, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == call
     assert tokenizer.eos_token == "<|im_end|>"
-
-
-def test_the_tiny_model_learns_to_copy_from_its_context(tiny_model: Path, tmp_path: Path) -> None:
-    """The base skill the lookup task needs: after a few hundred steps on repeated random spans the model predicts
-    a repeat it has never seen from the first run alone (an induction head), which the random model cannot."""
-    import random
-
-    from tether.copying import teach_copying
-
-    torch.set_num_threads(1)  # one thread: on two shared cores, two that wait on each other are several times slower
-    out, losses, _ = teach_copying(tiny_model, tmp_path / "copying", steps=300, batch=16, span=16)
-    taught = AutoModelForCausalLM.from_pretrained(out).eval()
-    untaught = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    rng = random.Random(99)  # spans the training never drew
-    rows = [[rng.randrange(3, 1000) for _ in range(16)] for _ in range(8)]
-    ids = torch.tensor([r + r for r in rows])
-
-    def repeat_accuracy(model: Any) -> float:
-        with torch.no_grad():
-            predicted = model(input_ids=ids).logits[:, 16:-1].argmax(-1)
-        return float((predicted == ids[:, 17:]).float().mean())  # from the repeat's second token on
-
-    assert losses[0] > 5.0 and min(losses[-20:]) < 1.0, losses[::30]
-    assert repeat_accuracy(taught) > 0.9 > 0.1 > repeat_accuracy(untaught)

@@ -28,6 +28,7 @@ Turns = Callable[[random.Random], list[Turn]]
 """One episode of the format-only policy: its turns."""
 
 LETTERS = "ABCDEFGH"
+NOT_SCORED = -100
 OPTIONS = 6  # letters per question: chance is 1/6 (five letters gave baselines of 0.08 and 0.32)
 
 
@@ -59,29 +60,42 @@ def transcript(tokenizer: Any, system: str, tools: list[dict[str, Any]], turn: T
     return prompt, [*target, tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
 
 
+def episode_row(tokenizer: Any, system: str, tools: list[dict[str, Any]], episode: list[Turn]
+                ) -> tuple[list[int], list[int]]:
+    """The whole episode in one sequence (the last turn's prompt holds the earlier calls, rendered by the chat
+    template), each call it makes scored where it stands: an episode of three calls teaches three calls for the
+    price of one forward pass, and the model learns each turn in the context it will meet it in."""
+    prompt, call = transcript(tokenizer, system, tools, episode[-1])
+    tokens = prompt + call
+    labels = [NOT_SCORED] * len(prompt) + call
+    for turn in episode[:-1]:
+        before, earlier = transcript(tokenizer, system, tools, turn)
+        if tokens[len(before):len(before) + len(earlier)] != earlier:
+            raise ValueError(f"the chat template renders an earlier call otherwise than the model writes it: "
+                             f"{tokenizer.decode(tokens[len(before):len(before) + len(earlier)])!r} against "
+                             f"{tokenizer.decode(earlier)!r}")
+        labels[len(before):len(before) + len(earlier)] = earlier
+    return tokens, labels
+
+
 def warm_start(model_dir: Path, out: Path, system: str, tools: list[dict[str, Any]], steps: int = 150,
                batch: int = 16, lr: float = 1e-3, seed: int = 0,
                on_step: Callable[[int, float], None] | None = None,
                turns: Turns = letter_turns) -> tuple[Path, list[float], float]:
-    """Train on the format, one turn of a fresh episode per example; returns the saved model, the loss per step
-    and the seconds it took."""
+    """Train on the format, a fresh episode per example with every call of it scored; returns the saved model,
+    the loss per step and the seconds it took."""
     rng = random.Random(seed)
 
     def batch_of(tokenizer: Any) -> Batch:
-        examples = []
-        for _ in range(batch):
-            episode = turns(rng)
-            examples.append(transcript(tokenizer, system, tools,
-                                       episode[0] if len(episode) == 1 else rng.choice(episode)))
-        length = max(len(p) + len(c) for p, c in examples)
+        rows = [episode_row(tokenizer, system, tools, turns(rng)) for _ in range(batch)]
+        length = max(len(tokens) for tokens, _ in rows)
         ids = torch.full((batch, length), tokenizer.pad_token_id or 0)
-        labels = torch.full((batch, length), -100)
+        labels = torch.full((batch, length), NOT_SCORED)
         mask = torch.zeros(batch, length, dtype=torch.long)
-        for i, (prompt, completion) in enumerate(examples):
-            seq = prompt + completion
-            ids[i, :len(seq)] = torch.tensor(seq)
-            labels[i, len(prompt):len(seq)] = torch.tensor(completion)
-            mask[i, :len(seq)] = 1
+        for i, (tokens, scored) in enumerate(rows):
+            ids[i, :len(tokens)] = torch.tensor(tokens)
+            labels[i, :len(tokens)] = torch.tensor(scored)
+            mask[i, :len(tokens)] = 1
         return ids, labels, mask
 
     return fit(model_dir, out, steps, lr, seed, batch_of, on_step)
