@@ -72,7 +72,8 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
     tiny = home / "tiny"
     if not (tiny / "tokenizer.json").exists():
         init_tiny(tiny)
-    base = home / f"tiny-copying-{copy_steps}"
+    copying = hashlib.sha256(b"".join(Path(f.__code__.co_filename).read_bytes() for f in (teach_copying, fit)))
+    base = home / f"tiny-copying-{copy_steps}-{copying.hexdigest()[:8]}"
     if copy_steps and not (base / "copying.json").exists():
         _, losses, seconds = teach_copying(
             tiny, base, steps=copy_steps,
@@ -82,7 +83,7 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
     start = base if copy_steps else tiny
     sources = [Path(warm_start.__code__.co_filename), Path(fit.__code__.co_filename), Path(TASK.__file__ or "")]
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
-    out = home / f"warm-lookup-{steps}-copy{copy_steps}-{recipe}"
+    out = home / f"warm-lookup-{steps}-{recipe}-from-{start.name}"
     if (out / "warm_start.json").exists():
         return out
     started = time.perf_counter()
@@ -224,8 +225,9 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--copy-steps", type=int, default=600, help="Teaching the tiny model to copy, first.")
-    parser.add_argument("--warm-steps", type=int, default=300)
+    parser.add_argument("--copy-steps", type=int, default=1800, help="Teaching the tiny model to copy, first.")
+    parser.add_argument("--warm-steps", type=int, default=500)
+    parser.add_argument("--warm", type=Path, help="A warm-started model to use instead of making one.")
     parser.add_argument("--arms", default=",".join(ARMS), help="Comma-separated, from: " + ", ".join(ARMS))
     parser.add_argument("--out", type=Path, default=RESULTS / "ablation")
     parser.add_argument("--threads", type=int, default=1, help=(
@@ -234,11 +236,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
-    warm = warm_model(args.out / "models", args.copy_steps, args.warm_steps, args.max_turns, console)
+    warm = args.warm or warm_model(args.out / "models", args.copy_steps, args.warm_steps, args.max_turns, console)
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
     curves: list[Curve] = []
     for seed in range(args.seeds):  # seeds outermost: an interrupted run still compares the arms
         for arm in arms:

@@ -53,7 +53,7 @@ PRESETS: dict[Task, dict[str, Any]] = {
     "letters": {"updates": 24, "copy_steps": 0, "warm_steps": 200, "lr": 5e-4, "max_turns": 3, "validate_every": 6,
                 "validation_tasks": 32, "validation_temperatures": [None]},
     # the answer is copied from tool results: the tiny model is first taught to copy (tether/copying.py)
-    "lookup": {"updates": 60, "copy_steps": 600, "warm_steps": 300, "lr": 5e-4, "max_turns": 6,
+    "lookup": {"updates": 60, "copy_steps": 1800, "warm_steps": 500, "lr": 5e-4, "max_turns": 6,
                "validate_every": 5, "validation_tasks": 64, "validation_temperatures": [0.0]},
 }
 
@@ -154,13 +154,13 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
         with status(console, "building the tiny model..."):
             init_tiny(tiny)
     if settings.copy_steps:
-        tiny = _copying_model(settings, console, tiny)
+        tiny = _copying_model(settings, console, tiny)  # its folder's name holds its own recipe
     agent = _agent_module()
     sources = [Path(warm_start.__code__.co_filename), Path(fit.__code__.co_filename)] + (
         [LOOKUP] if settings.task == "lookup" else [])
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]  # the task too
     warm = settings.home / "models" / (f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-{recipe}"
-                                       + (f"-copy{settings.copy_steps}" if settings.copy_steps else ""))
+                                       + (f"-from-{tiny.name}" if settings.copy_steps else ""))
     record = warm / "warm_start.json"  # written last: its presence means the folder is complete
     if record.exists():
         losses, warm_s = (json.loads(record.read_text())[k] for k in ("losses", "seconds"))
@@ -180,8 +180,11 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
 def _copying_model(settings: DemoSettings, console: Console, tiny: Path) -> Path:
     """The tiny model taught to copy from its context (tether/copying.py); reused once made."""
     from tether.copying import teach_copying
+    from tether.supervised import fit
 
-    base = settings.home / "models" / f"tiny-copying-{settings.copy_steps}-seed{settings.seed}"
+    sources = [Path(teach_copying.__code__.co_filename), Path(fit.__code__.co_filename)]
+    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
+    base = settings.home / "models" / f"tiny-copying-{settings.copy_steps}-seed{settings.seed}-{recipe}"
     if (base / "copying.json").exists():
         return base
     with Shown(console, "base skill: copying from the context", settings.copy_steps) as bar:
