@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import random
 import statistics
 import time
@@ -130,11 +131,14 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
                   for i, t in enumerate(tasks)]
         chosen = select(groups, version, max_staleness=0, zero_variance="drop", recipe=config.advantage)
         learner.model.train()
-        metrics = learner.update(ScoredGroups.of(chosen.groups, config.advantage), version)
-        _record(curve, metrics.entropy, groups, episodes)
+        if chosen.groups:
+            entropy = learner.update(ScoredGroups.of(chosen.groups, config.advantage), version).entropy
+        else:  # every group all 0 or all 1: nothing to learn from, and no entropy measured
+            entropy = math.nan
+        _record(curve, entropy, groups, episodes)
         if version % 5 == 0:
             console.print(f"  {arm} seed {seed} update {version + 1}/{args.updates}: batch reward "
-                          f"{curve.reward[-1]:.3f}, entropy {metrics.entropy:.3f}, validation "
+                          f"{curve.reward[-1]:.3f}, entropy {entropy:.3f}, validation "
                           f"{curve.validation[-1][1]:.3f} (v{curve.validation[-1][0]}), "
                           f"{time.perf_counter() - started:.0f} s")
     curve.seconds = time.perf_counter() - started
@@ -150,13 +154,18 @@ def _record(curve: Curve, entropy: float, groups: list[Any], episodes: list[Epis
     curve.samples_per_task.append(statistics.fmean(samples))
 
 
+def _measured(values: list[float]) -> list[float]:
+    return [v for v in values if not math.isnan(v)]
+
+
 def _slope(values: list[float]) -> float:
-    """Least-squares slope per update: the entropy's trend."""
-    n = len(values)
-    if n < 2:
+    """Least-squares slope per update over the updates that measured one: the entropy's trend."""
+    points = [(i, v) for i, v in enumerate(values) if not math.isnan(v)]
+    if len(points) < 2:
         return 0.0
-    mean_x, mean_y = (n - 1) / 2, statistics.fmean(values)
-    return sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values)) / sum((i - mean_x) ** 2 for i in range(n))
+    mean_x, mean_y = statistics.fmean(i for i, _ in points), statistics.fmean(v for _, v in points)
+    return (sum((i - mean_x) * (v - mean_y) for i, v in points)
+            / sum((i - mean_x) ** 2 for i, _ in points))
 
 
 def _spread(values: list[float]) -> str:
@@ -178,7 +187,8 @@ def summary(curves: list[Curve]) -> tuple[Table, dict[str, dict[str, list[float]
         f = figures[arm] = {
             "final": [c.validation[-1][1] for c in runs], "best": [max(v for _, v in c.validation) for c in runs],
             "area": [statistics.fmean(v for _, v in c.validation) for c in runs],
-            "entropy": [statistics.fmean(c.entropy) for c in runs], "trend": [_slope(c.entropy) for c in runs],
+            "entropy": [statistics.fmean(_measured(c.entropy) or [math.nan]) for c in runs],
+            "trend": [_slope(c.entropy) for c in runs],
             "tokens": [statistics.fmean(c.tokens_per_task) for c in runs],
             "samples": [statistics.fmean(c.samples_per_task) for c in runs], "seconds": [c.seconds for c in runs]}
         table.add_row(arm + (" (seed system's)" if arm == SEED_CLAIM else ""), str(len(runs)),
@@ -200,7 +210,7 @@ def plot(curves: list[Curve], out: Path) -> Path:
         top.plot(versions, [statistics.fmean(v) for v in values], "o-", color=colour, label=arm)
         top.fill_between(versions, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.15)
         steps = range(1, len(runs[0].entropy) + 1)
-        per_step = [[c.entropy[i] for c in runs] for i in range(len(runs[0].entropy))]
+        per_step = [_measured([c.entropy[i] for c in runs]) or [math.nan] for i in range(len(runs[0].entropy))]
         bottom.plot(steps, [statistics.fmean(v) for v in per_step], "-", color=colour, label=arm)
         bottom.fill_between(steps, [min(v) for v in per_step], [max(v) for v in per_step], color=colour, alpha=0.15)
     top.set(ylabel="validation reward (greedy)", title="advantage level / loss normalisation (band: min-max "
@@ -217,6 +227,9 @@ def plot(curves: list[Curve], out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="Seeds FIRST..FIRST+SEEDS-1 (to split a run).")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
+                        help="Train nothing: the table and plot of the runs saved in these --out folders.")
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--validate-every", type=int, default=5)
     parser.add_argument("--batch-groups", type=int, default=8, help="B: tasks per update.")
@@ -235,7 +248,11 @@ def main() -> None:
         "each other made a step 4-7x slower than one"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    console = Console()
+    console = Console(width=max(Console().width, 150))  # the table whole, in a log too
+    if args.merge:
+        saved = [Curve(**c) for d in args.merge for c in json.loads((d / "curves.json").read_text())]
+        report(saved, args, console)
+        return
     warm = args.warm or warm_model(args.out / "models", args.copy_steps, args.warm_steps, args.max_turns, console)
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(ARMS)
@@ -243,10 +260,15 @@ def main() -> None:
         parser.error(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     curves: list[Curve] = []
-    for seed in range(args.seeds):  # seeds outermost: an interrupted run still compares the arms
+    for seed in range(args.first_seed, args.first_seed + args.seeds):  # outermost: if interrupted, arms compare
         for arm in arms:
             curves.append(train(arm, seed, warm, args, console))
             (args.out / "curves.json").write_text(json.dumps([asdict(c) for c in curves]))
+    report(curves, args, console)
+
+
+def report(curves: list[Curve], args: argparse.Namespace, console: Console) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
     table, figures = summary(curves)
     console.print(table)
     (args.out / "summary.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
