@@ -53,7 +53,7 @@ PRESETS: dict[Task, dict[str, Any]] = {
     "letters": {"updates": 24, "copy_steps": 0, "warm_steps": 200, "lr": 5e-4, "max_turns": 3, "validate_every": 6,
                 "validation_tasks": 32, "validation_temperatures": [None]},
     # the answer is copied from tool results: the tiny model is first taught to copy (tether/copying.py)
-    "lookup": {"updates": 60, "copy_steps": 1800, "warm_steps": 500, "lr": 5e-4, "max_turns": 6,
+    "lookup": {"updates": 60, "copy_steps": 1800, "warm_steps": 500, "lr": 2e-4, "max_turns": 6,
                "validate_every": 5, "validation_tasks": 64, "validation_temperatures": [0.0]},
 }
 
