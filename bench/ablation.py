@@ -177,7 +177,7 @@ def summary(curves: list[Curve]) -> tuple[Table, dict[str, dict[str, list[float]
     """The table, mean ± standard deviation over seeds, and its numbers."""
     table = Table(title="Ablation on the lookup task: validation reward (greedy, held-out) and entropy")
     for column in ("arm", "seeds", "final val", "best val", "area (mean val)", "entropy mean", "entropy trend/upd",
-                   "tokens/task", "samples/task", "s/run"):
+                   "no-signal updates", "tokens/task", "samples/task", "s/run"):
         table.add_column(column)
     figures: dict[str, dict[str, list[float]]] = {}
     for arm in ARMS:
@@ -190,10 +190,12 @@ def summary(curves: list[Curve]) -> tuple[Table, dict[str, dict[str, list[float]
             "entropy": [statistics.fmean(_measured(c.entropy) or [math.nan]) for c in runs],
             "trend": [_slope(c.entropy) for c in runs],
             "tokens": [statistics.fmean(c.tokens_per_task) for c in runs],
-            "samples": [statistics.fmean(c.samples_per_task) for c in runs], "seconds": [c.seconds for c in runs]}
+            "samples": [statistics.fmean(c.samples_per_task) for c in runs], "seconds": [c.seconds for c in runs],
+            "no_signal": [float(sum(math.isnan(e) for e in c.entropy)) for c in runs]}
         table.add_row(arm + (" (seed system's)" if arm == SEED_CLAIM else ""), str(len(runs)),
                       *(_spread(f[k]) for k in ("final", "best", "area", "entropy")),
-                      f"{statistics.fmean(f['trend']):+.4f}", f"{statistics.fmean(f['tokens']):.0f}",
+                      f"{statistics.fmean(f['trend']):+.4f}",
+                      " ".join(f"{n:.0f}" for n in f["no_signal"]), f"{statistics.fmean(f['tokens']):.0f}",
                       f"{statistics.fmean(f['samples']):.1f}", f"{statistics.fmean(f['seconds']):.0f}")
     return table, figures
 
@@ -250,7 +252,7 @@ def main() -> None:
         "each other made a step 4-7x slower than one"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    console = Console(width=max(Console().width, 150))  # the table whole, in a log too
+    console = Console(width=max(Console().width, 200))  # the table whole, in a log too
     if args.merge:
         saved = [Curve(**c) for d in args.merge for c in json.loads((d / "curves.json").read_text())]
         report(saved, args, console)
