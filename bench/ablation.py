@@ -10,13 +10,17 @@ validation (greedy, every `--validate-every` updates, and the first and the
 last). Each run starts from the same format-only warm start and trains the
 torch learner (`trainer/learner.py`: the real batch, loss and optimiser) on
 episodes of the demo agent run in this process (`bench/_agent_loop.py`),
-so the twelve runs fit in about an hour and a half on two cores. It prints a
-table (final and best validation reward, area under the validation curve,
-entropy mean and trend, tokens and samples per task) with the spread over
-seeds, and plots validation reward and entropy per update for the four arms.
+so the twelve runs take about an hour in one process on two cores (36 min as
+two), after 20 min to make the warm model the first time. It prints a table
+(final and best validation reward, area under the validation curve, entropy
+mean and trend, updates with no signal, tokens and samples per task) with the
+spread over seeds, and plots validation reward and entropy per update for the
+four arms.
 
     python bench/ablation.py                      # 4 arms x 3 seeds
     python bench/ablation.py --seeds 1 --updates 10 --arms rollout/per-task   # a quick look
+    python bench/ablation.py --seeds 0            # the warm model only; then split the arms
+                                                  # over processes with --warm and --out, and --merge
 """
 
 from __future__ import annotations
@@ -258,6 +262,9 @@ def main() -> None:
         report(saved, args, console)
         return
     warm = args.warm or warm_model(args.out / "models", args.copy_steps, args.warm_steps, args.max_turns, console)
+    console.print(f"warm model: {warm}", highlight=False, soft_wrap=True)
+    if args.seeds == 0:  # the model only, for runs split over processes (--warm)
+        return
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(ARMS)
     if unknown:
