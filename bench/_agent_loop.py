@@ -15,12 +15,10 @@ What it leaves out is the transport, not the learning problem.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -28,20 +26,13 @@ import torch
 from gateway.tool_parsers import HermesParser
 from schemas.events import RolloutSample, TaskGroup
 from stream_processors.assembly import Call, assemble
+from tether.modules import load_file
 
 ROOT = Path(__file__).parent.parent
 
 
-def load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-AGENT = load(ROOT / "examples" / "openai_agent.py")
-TASK = load(ROOT / "examples" / "lookup_task.py")
+AGENT = load_file(ROOT / "examples" / "openai_agent.py")
+TASK = load_file(ROOT / "examples" / "lookup_task.py")
 
 
 @dataclass

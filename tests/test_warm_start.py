@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
-from types import ModuleType
 
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from tether.copying import NOT_SCORED, induction_row
+from tether.modules import load_file
 from tether.warm_start import episode_row, letter_turns, transcript
 
 ROOT = Path(__file__).parent.parent
 
 
-def load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-AGENT = load(ROOT / "examples" / "openai_agent.py")
-LOOKUP = load(ROOT / "examples" / "lookup_task.py")
+AGENT = load_file(ROOT / "examples" / "openai_agent.py")
+LOOKUP = load_file(ROOT / "examples" / "lookup_task.py")
 
 
 @given(st.integers(0, 2**32), st.integers(20, 200))

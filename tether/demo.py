@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -35,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.events import Event, ModelCall, TaskGroup
+from tether.modules import load_file
 from tether.progress import Shown, status
 
 if TYPE_CHECKING:
@@ -93,11 +93,7 @@ class DemoSettings(BaseSettings):
 
 
 def _agent_module() -> Any:
-    spec = importlib.util.spec_from_file_location("openai_agent", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(AGENT)
 
 
 @dataclass(frozen=True)
@@ -116,10 +112,7 @@ def _task_module(settings: DemoSettings) -> DemoTask:
         return DemoTask(task, letter_turns,
                         f"openai-SDK agent: of {OPTIONS} letters, `submit` A (a tool call; malformed scores 0)",
                         f"chance is {1 / OPTIONS:.2f}")
-    spec = importlib.util.spec_from_file_location("lookup_task", LOOKUP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(LOOKUP)
     return DemoTask(module.task, lambda rng: module.random_turns(rng, module.task(rng, -1), settings.max_turns),
                     "openai-SDK agent: look up 1-3 words (facts drawn per task), `submit` the number found",
                     "an agent with the format alone scores about 0.16")
