@@ -26,7 +26,6 @@ four arms.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
@@ -70,15 +69,14 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
     """The tiny model taught to copy (tether/copying.py), then warm-started on the lookup task's format only; each
     reused while its recipe is unchanged."""
     from tether.copying import teach_copying
-    from tether.supervised import fit
+    from tether.supervised import fit, recipe
     from tether.tiny_model import init_tiny
     from tether.warm_start import warm_start
 
     tiny = home / "tiny"
     if not (tiny / "tokenizer.json").exists():
         init_tiny(tiny)
-    copying = hashlib.sha256(b"".join(Path(f.__code__.co_filename).read_bytes() for f in (teach_copying, fit)))
-    base = home / f"tiny-copying-{copy_steps}-{copying.hexdigest()[:8]}"
+    base = home / f"tiny-copying-{copy_steps}-{recipe(*(Path(f.__code__.co_filename) for f in (teach_copying, fit)))}"
     if copy_steps and not (base / "copying.json").exists():
         _, losses, seconds = teach_copying(
             tiny, base, steps=copy_steps,
@@ -87,8 +85,7 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
         (base / "copying.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
     start = base if copy_steps else tiny
     sources = [Path(warm_start.__code__.co_filename), Path(fit.__code__.co_filename), Path(TASK.__file__ or "")]
-    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
-    out = home / f"warm-lookup-{steps}-{recipe}-from-{start.name}"
+    out = home / f"warm-lookup-{steps}-{recipe(*sources)}-from-{start.name}"
     if (out / "warm_start.json").exists():
         return out
     started = time.perf_counter()

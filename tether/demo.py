@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -138,7 +137,7 @@ def main(settings: DemoSettings, console: Console) -> int:
 
 def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     """The tiny model warm-started on the task's tool-call format; reused while its recipe is unchanged."""
-    from tether.supervised import fit
+    from tether.supervised import fit, recipe
     from tether.tiny_model import init_tiny
     from tether.warm_start import warm_start
 
@@ -151,8 +150,8 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
     agent = _agent_module()
     sources = [Path(warm_start.__code__.co_filename), Path(fit.__code__.co_filename)] + (
         [LOOKUP] if settings.task == "lookup" else [])
-    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]  # the task too
-    warm = settings.home / "models" / (f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-{recipe}"
+    warm = settings.home / "models" / (f"warm-{settings.task}-{settings.warm_steps}-seed{settings.seed}-"
+                                       f"{recipe(*sources)}"  # the task too
                                        + (f"-from-{tiny.name}" if settings.copy_steps else ""))
     record = warm / "warm_start.json"  # written last: its presence means the folder is complete
     if record.exists():
@@ -173,11 +172,10 @@ def _warm_model(settings: DemoSettings, console: Console) -> tuple[Path, float]:
 def _copying_model(settings: DemoSettings, console: Console, tiny: Path) -> Path:
     """The tiny model taught to copy from its context (tether/copying.py); reused once made."""
     from tether.copying import teach_copying
-    from tether.supervised import fit
+    from tether.supervised import fit, recipe
 
     sources = [Path(teach_copying.__code__.co_filename), Path(fit.__code__.co_filename)]
-    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
-    base = settings.home / "models" / f"tiny-copying-{settings.copy_steps}-seed{settings.seed}-{recipe}"
+    base = settings.home / "models" / f"tiny-copying-{settings.copy_steps}-seed{settings.seed}-{recipe(*sources)}"
     if (base / "copying.json").exists():
         return base
     with Shown(console, "base skill: copying from the context", settings.copy_steps) as bar:

@@ -6,6 +6,7 @@ mask); this loads the model, takes the AdamW steps with the gradient clipped to 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,3 +44,9 @@ def fit(model_dir: Path, out: Path, steps: int, lr: float, seed: int, batch_of: 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out, losses, time.perf_counter() - started
+
+
+def recipe(*sources: Path) -> str:
+    """A short hash of the source files that make a prepared model: its cache folder is named by it, so a changed
+    recipe trains again instead of reusing a model made otherwise."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
