@@ -19,11 +19,11 @@ from schemas.packed import pack, unpack
 
 NAMESPACE = "tether"
 
-#: Every Avro record name, top-level or nested, and the class it maps to (same name, in schemas.events).
+#: Every Avro record name, top-level or nested, and the class it maps to (same name, in the modules of schemas.events).
 CLASSES: dict[str, type] = {
     f"{NAMESPACE}.{cls.__name__}": cls
     for cls in vars(events).values()
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == events.__name__
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__.startswith(f"{events.__name__}.")
 }
 
 
