@@ -54,6 +54,12 @@ class Agents:
         self.eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
         self.pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model is: rollouts run there (CPU here; a GPU where there is one)."""
+        device: torch.device = next(self.model.parameters()).device
+        return device
+
     def first_prompt(self, task: dict[str, Any]) -> list[int]:
         messages = [{"role": "system", "content": AGENT.SYSTEM}, {"role": "user", "content": task["question"]}]
         text = self.tokenizer.apply_chat_template(messages, tools=AGENT.TOOLS, tokenize=False,
@@ -68,7 +74,7 @@ class Agents:
     def run(self, tasks: list[dict[str, Any]], temperature: float, version: int, seed: int) -> list[Episode]:
         """Each task's episode to its end: a submission, a malformed or unknown call, or `max_turns` calls."""
         episodes = [Episode(t, self.first_prompt(t)) for t in tasks]
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(self.device).manual_seed(seed)
         for seq in range(self.max_turns):
             live = [e for e in episodes if e.reward is None]
             if not live:
@@ -108,10 +114,11 @@ class Agents:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out: list[list[int]] = [[] for _ in prompts]
         logps: list[list[float]] = [[] for _ in prompts]
-        done = torch.zeros(len(prompts), dtype=torch.bool)
+        done = [False] * len(prompts)
         past = None
         step_ids, step_pos = ids, positions
         for _ in range(self.max_tokens):
@@ -126,17 +133,16 @@ class Agents:
                 logp = torch.log_softmax(logits, -1)
                 chosen = logits.argmax(-1)
             picked = logp.gather(-1, chosen[:, None]).squeeze(-1)
-            for i in range(len(prompts)):
+            for i, (token, logprob) in enumerate(zip(chosen.tolist(), picked.tolist(), strict=True)):  # one sync
                 if not done[i]:
-                    out[i].append(int(chosen[i]))
-                    logps[i].append(float(picked[i]))
-                    if int(chosen[i]) in self.eos:
-                        done[i] = True
-            if bool(done.all()):
+                    out[i].append(token)
+                    logps[i].append(logprob)
+                    done[i] = token in self.eos
+            if all(done):
                 break
             step_ids = chosen[:, None]
             step_pos = step_pos[:, -1:] + 1
-            mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], dim=1)
         return list(zip(out, logps, strict=True))
 
 

@@ -58,6 +58,7 @@ class Curve:
     arm: str
     seed: int
     validation: list[tuple[int, float]] = field(default_factory=list)
+    by_depth: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # validation per lookup depth
     entropy: list[float] = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
     tokens_per_task: list[float] = field(default_factory=list)
@@ -99,9 +100,14 @@ def warm_model(home: Path, copy_steps: int, steps: int, max_turns: int, console:
     return out
 
 
-def validate(agents: Agents, tasks: list[dict[str, Any]], version: int) -> float:
+def validate(agents: Agents, tasks: list[dict[str, Any]], version: int) -> tuple[float, dict[str, float]]:
+    """Mean greedy reward over the held-out tasks, and per depth (which chains the policy has learned to follow)."""
     episodes = agents.run(tasks, 0.0, version, seed=0)
-    return sum(e.reward or 0.0 for e in episodes) / len(episodes)
+    depths: dict[str, list[float]] = {}
+    for e in episodes:
+        depths.setdefault(str(e.task["depth"]), []).append(e.reward or 0.0)
+    return (sum(e.reward or 0.0 for e in episodes) / len(episodes),
+            {d: statistics.fmean(r) for d, r in sorted(depths.items())})
 
 
 def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Console) -> Curve:
@@ -110,8 +116,9 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
     torch.manual_seed(seed)
     config = TrainerConfig(run_id=f"ablation-{arm.replace('/', '-')}-{seed}", model=warm, lr=args.lr, kl_coef=args.kl,
                            epochs=args.epochs, loss_mode=loss_mode, advantage_level=level, zero_variance="drop",
-                           batch_groups=args.batch_groups, seed=seed, device="cpu")
-    learner = TorchLearner.load(config, torch.device("cpu"), None)
+                           batch_groups=args.batch_groups, seed=seed, device=args.device,
+                           temperature=args.temperature)
+    learner = TorchLearner.load(config, torch.device(args.device), None)
     tokenizer = AutoTokenizer.from_pretrained(warm)
     agents = Agents(learner.model, tokenizer, max_turns=args.max_turns)
     held = held_out(10_000, args.held_out)
@@ -121,12 +128,17 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
     for version in range(args.updates + 1):
         if version % args.validate_every == 0 or version == args.updates:
             learner.model.train(False)
-            curve.validation.append((version, validate(agents, held, version)))
+            value, by_depth = validate(agents, held, version)
+            curve.validation.append((version, value))
+            curve.by_depth.append((version, by_depth))
+            console.print(f"  {arm} seed {seed} v{version}: validation {value:.3f}, by depth "
+                          + " ".join(f"{d}:{v:.2f}" for d, v in by_depth.items())
+                          + f", {time.perf_counter() - started:.0f} s", highlight=False)
         if version == args.updates:
             break
         tasks = [TASK.task(rng, version * args.batch_groups + i) for i in range(args.batch_groups)]
         learner.model.train(False)
-        episodes = agents.run([t for t in tasks for _ in range(args.group_size)], 1.0, version,
+        episodes = agents.run([t for t in tasks for _ in range(args.group_size)], args.temperature, version,
                               seed=seed * 100_003 + version)
         groups = [task_group(f"{config.run_id}.{t['id']}", t, episodes[i * args.group_size:(i + 1) * args.group_size])
                   for i, t in enumerate(tasks)]
@@ -177,7 +189,8 @@ def _spread(values: list[float]) -> str:
 def summary(curves: list[Curve]) -> tuple[Table, dict[str, dict[str, list[float]]]]:
     """The table, mean ± standard deviation over seeds, and its numbers."""
     table = Table(title="Ablation on the lookup task: validation reward (greedy, held-out) and entropy")
-    for column in ("arm", "seeds", "final val", "best val", "area (mean val)", "entropy mean", "entropy trend/upd",
+    for column in ("arm", "seeds", "final val", "final by depth", "best val", "area (mean val)", "entropy mean",
+                   "entropy trend/upd",
                    "no-signal updates", "tokens/task", "samples/task", "s/run"):
         table.add_column(column)
     figures: dict[str, dict[str, list[float]]] = {}
@@ -193,8 +206,11 @@ def summary(curves: list[Curve]) -> tuple[Table, dict[str, dict[str, list[float]
             "tokens": [statistics.fmean(c.tokens_per_task) for c in runs],
             "samples": [statistics.fmean(c.samples_per_task) for c in runs], "seconds": [c.seconds for c in runs],
             "no_signal": [float(sum(math.isnan(e) for e in c.entropy)) for c in runs]}
-        table.add_row(arm + (" (seed system's)" if arm == SEED_CLAIM else ""), str(len(runs)),
-                      *(_spread(f[k]) for k in ("final", "best", "area", "entropy")),
+        final_depths = [c.by_depth[-1][1] for c in runs if c.by_depth]
+        depths = " ".join(f"{d}:{statistics.fmean(f[d] for f in final_depths):.2f}"
+                          for d in sorted({d for f in final_depths for d in f}))
+        table.add_row(arm + (" (seed system's)" if arm == SEED_CLAIM else ""), str(len(runs)), _spread(f["final"]),
+                      depths, *(_spread(f[k]) for k in ("best", "area", "entropy")),
                       f"{statistics.fmean(f['trend']):+.4f}",
                       " ".join(f"{n:.0f}" for n in f["no_signal"]), f"{statistics.fmean(f['tokens']):.0f}",
                       f"{statistics.fmean(f['samples']):.1f}", f"{statistics.fmean(f['seconds']):.0f}")
@@ -243,6 +259,8 @@ def main() -> None:
                         help="5e-4 and 1e-3 collapsed to all-zero rewards within 5 updates here")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--kl", type=float, default=0.0, help="KL coefficient to the warm model.")
+    parser.add_argument("--temperature", type=float, default=1.0, help="Of the training rollouts (validation: 0).")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--copy-steps", type=int, default=1800, help="Teaching the tiny model to copy, first.")
     parser.add_argument("--warm-steps", type=int, default=500)
     parser.add_argument("--warm", type=Path, help="A warm-started model to use instead of making one.")
