@@ -136,7 +136,8 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
                           + f", {time.perf_counter() - started:.0f} s", highlight=False)
         if version == args.updates:
             break
-        tasks = [TASK.task(rng, version * args.batch_groups + i) for i in range(args.batch_groups)]
+        tasks = [TASK.task(rng, version * args.batch_groups + i, depth=rng.choice(args.train_depths))
+                 for i in range(args.batch_groups)]
         learner.model.train(False)
         episodes = agents.run([t for t in tasks for _ in range(args.group_size)], args.temperature, version,
                               seed=seed * 100_003 + version)
@@ -261,6 +262,9 @@ def main() -> None:
     parser.add_argument("--kl", type=float, default=0.0, help="KL coefficient to the warm model.")
     parser.add_argument("--temperature", type=float, default=1.0, help="Of the training rollouts (validation: 0).")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--train-depths", type=lambda s: [int(d) for d in s.split(",")], default=[1, 2, 3],
+                        help="Lookup depths of the training tasks, drawn uniformly from this list (1,2,3,3: half "
+                             "of them three lookups deep); the held-out tasks are always uniform over 1, 2, 3.")
     parser.add_argument("--copy-steps", type=int, default=1800, help="Teaching the tiny model to copy, first.")
     parser.add_argument("--warm-steps", type=int, default=500)
     parser.add_argument("--warm", type=Path, help="A warm-started model to use instead of making one.")
