@@ -52,8 +52,12 @@ PRESETS: dict[Task, dict[str, Any]] = {
     "letters": {"updates": 24, "copy_steps": 0, "warm_steps": 200, "lr": 5e-4, "max_turns": 3, "validate_every": 6,
                 "validation_tasks": 32, "validation_temperatures": [None]},
     # the answer is copied from tool results: the tiny model is first taught to copy (tether/copying.py)
-    "lookup": {"updates": 60, "copy_steps": 1800, "warm_steps": 500, "lr": 2e-4, "max_turns": 6,
-               "validate_every": 5, "validation_tasks": 64, "validation_temperatures": [0.0]},
+    # half the training tasks three lookups deep, and K=16: with uniform depths and K=8 the policy learned "submit
+    # after the second lookup" from the shallow tasks long before a deep group had a success to learn from (held-out
+    # 0.70 after 45 updates, depth 3 at 0.00); bench/ablation.py --train-depths measures it
+    "lookup": {"updates": 30, "copy_steps": 1800, "warm_steps": 500, "lr": 2e-4, "max_turns": 6, "group_size": 16,
+               "training_depths": [1, 2, 3, 3], "validate_every": 5, "validation_tasks": 64,
+               "validation_temperatures": [0.0]},
 }
 
 
@@ -80,6 +84,9 @@ class DemoSettings(BaseSettings):
     validate_every: int = Field(ge=1, description="Validate every N weight versions, and the first and last.")
     validation_temperatures: list[float | None] = Field(
         min_length=1, description="Validation settings (JSON list): 0 greedy, null the harness's own sampling.")
+    training_depths: list[int] = Field(
+        [1, 2, 3], min_length=1, description="Lookup: the training tasks' depths, drawn uniformly from this list "
+                                              "(JSON); held-out tasks are always uniform over 1-3.")
     seed: int = 0
 
     @model_validator(mode="before")
@@ -97,8 +104,10 @@ def _agent_module() -> Any:
 
 @dataclass(frozen=True)
 class DemoTask:
-    """What the demo needs of a task: tasks by index, and the format-only episodes its warm-start learns from."""
+    """What the demo needs of a task: tasks by index (held-out and training), and the format-only episodes its
+    warm-start learns from."""
     make: Any  # (random.Random, index) -> task
+    train: Any  # the same, for the training tasks
     turns: Any  # (random.Random) -> list of warm-start turns
     summary: str
     chance: str  # what the format alone scores
@@ -108,11 +117,12 @@ def _task_module(settings: DemoSettings) -> DemoTask:
     from tether.warm_start import OPTIONS, letter_turns, task
 
     if settings.task == "letters":
-        return DemoTask(task, letter_turns,
+        return DemoTask(task, task, letter_turns,
                         f"openai-SDK agent: of {OPTIONS} letters, `submit` A (a tool call; malformed scores 0)",
                         f"chance is {1 / OPTIONS:.2f}")
     module = load_file(LOOKUP)
-    return DemoTask(module.task, lambda rng: module.random_turns(rng, module.task(rng, -1), settings.max_turns),
+    return DemoTask(module.task, lambda rng, i: module.task(rng, i, rng.choice(settings.training_depths)),
+                    lambda rng: module.random_turns(rng, module.task(rng, -1), settings.max_turns),
                     "openai-SDK agent: look up 1-3 words (facts drawn per task), `submit` the number found",
                     "an agent with the format alone scores about 0.16")
 
@@ -204,11 +214,12 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     from stream_processors.replay import replay
     from tether.stack import Stack, StackSettings
 
-    make = _task_module(settings).make
+    demo_task = _task_module(settings)
+    make = demo_task.make
     rng = random.Random(settings.seed)
     n_tasks = settings.batch_groups * (settings.updates + 2)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(make(rng, i)) + "\n" for i in range(n_tasks)))
+    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(demo_task.train(rng, i)) + "\n" for i in range(n_tasks)))
     held_out = random.Random(f"held-out-{settings.seed}")  # tasks no update trains on: drawn apart
     (run_dir / "held_out.jsonl").write_text("".join(
         json.dumps({**make(held_out, i), "id": f"held-out-{i}"}) + "\n" for i in range(settings.validation_tasks)))
