@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, model_validator
@@ -84,7 +84,7 @@ class DemoSettings(BaseSettings):
     validate_every: int = Field(ge=1, description="Validate every N weight versions, and the first and last.")
     validation_temperatures: list[float | None] = Field(
         min_length=1, description="Validation settings (JSON list): 0 greedy, null the harness's own sampling.")
-    training_depths: list[int] = Field(
+    training_depths: list[Annotated[int, Field(ge=1, le=3)]] = Field(
         [1, 2, 3], min_length=1, description="Lookup: the training tasks' depths, drawn uniformly from this list "
                                               "(JSON); held-out tasks are always uniform over 1-3.")
     seed: int = 0
