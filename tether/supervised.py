@@ -6,6 +6,7 @@ mask); this loads the model, takes the AdamW steps with the gradient clipped to 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import time
 from collections.abc import Callable
@@ -47,6 +48,19 @@ def fit(model_dir: Path, out: Path, steps: int, lr: float, seed: int, batch_of: 
 
 
 def recipe(*sources: Path) -> str:
-    """A short hash of the source files that make a prepared model: its cache folder is named by it, so a changed
-    recipe trains again instead of reusing a model made otherwise."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
+    """A short hash of the Python files that make a prepared model: its cache folder is named by it, so a changed
+    recipe trains again instead of reusing a model made otherwise. It hashes the code, not the text: comments,
+    docstrings and layout do not count, so documenting a recipe does not throw its model away."""
+    return hashlib.sha256("".join(_code(p.read_text()) for p in sources).encode()).hexdigest()[:8]
+
+
+def _code(source: str) -> str:
+    """The module's syntax tree without its docstrings (comments and layout are not in the tree)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
