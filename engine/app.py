@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
@@ -83,6 +83,44 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
         async with engine.exclusive(body.version):
             pass
         return {"version": engine.version}
+
+    # vLLM's RL routes, in its wire format, for the trainer's hand-over (`trainer/engines/tether.py`)
+    @app.post("/pause")
+    async def pause(mode: Literal["wait"] = "wait") -> dict[str, Any]:
+        """vLLM's default mode is abort; this engine finishes what runs (wait), the only mode it offers."""
+        await engine.pause()
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume() -> dict[str, Any]:
+        engine.resume()
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, Any]:
+        return {"is_paused": engine.paused}
+
+    @app.post("/sleep")
+    async def sleep(level: Annotated[int, Query(ge=1, le=2)] = 1) -> dict[str, Any]:
+        """Either level keeps the weights in host memory (a checkpoint load replaces them anyway)."""
+        await engine.sleep()
+        return {"status": "sleeping", "level": level}
+
+    @app.post("/wake_up")
+    async def wake_up(tags: Annotated[list[Literal["weights", "kv_cache"]] | None, Query()] = None
+                      ) -> dict[str, Any]:
+        """Any tag wakes it whole: its KV cache is allocated per batch, not reserved."""
+        await engine.wake()
+        return {"status": "awake", "tags": tags}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> dict[str, Any]:
+        return {"is_sleeping": engine.asleep}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        await engine.reset_prefix_cache()
+        return {"success": True}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:

@@ -117,6 +117,8 @@ class Engine:
         self.prefixes = PrefixCache(prefix_cache_bytes)  # the engine thread's; cleared while drained
         self._cond = threading.Condition()
         self._admitting = True
+        self._held = False  # paused by a caller (the trainer's hand-over), not by a weight change
+        self.asleep = False  # its weights in host memory and its caches dropped (collocated: the trainer's turn)
         self._idle = threading.Event()
         self._stopping = False
         self._update_lock = asyncio.Lock()
@@ -193,8 +195,51 @@ class Engine:
                 with self._cond:
                     if new_version is not None:
                         self.version = new_version
-                    self._admitting = True
+                    self._admitting = not (self._held or self.asleep)
                     self._cond.notify_all()
+
+    async def _drain(self) -> None:
+        with self._cond:
+            self._admitting = False
+            self._idle.clear()
+            self._cond.notify_all()
+        await asyncio.to_thread(self._idle.wait)
+
+    def _readmit(self) -> None:
+        with self._cond:
+            self._admitting = not (self._held or self.asleep)
+            self._cond.notify_all()
+
+    async def pause(self) -> None:
+        """Stop admitting and wait for what runs to finish (vLLM's pause, mode wait); calls queue meanwhile."""
+        self._held = True
+        await self._drain()
+
+    def resume(self) -> None:
+        self._held = False
+        self._readmit()
+
+    async def sleep(self) -> None:
+        """Give the accelerator to the trainer: drained, caches dropped, weights moved to host memory (on a CPU
+        there is nothing to move). Calls queue until `wake`."""
+        async with self._update_lock:
+            self.asleep = True
+            await self._drain()
+            self.prefixes.clear()
+            if self.device.type != "cpu":
+                self.model.to("cpu")
+                torch.cuda.empty_cache()
+
+    async def wake(self) -> None:
+        async with self._update_lock:
+            if self.device.type != "cpu":
+                self.model.to(self.device)
+            self.asleep = False
+            self._readmit()
+
+    async def reset_prefix_cache(self) -> None:
+        async with self.exclusive():
+            pass  # drained, the cache cleared, admission as it was
 
     async def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
         async with self.exclusive(version) as model:

@@ -255,3 +255,25 @@ def test_loading_a_checkpoint_changes_weights_and_version(engine_server: Running
 
     missing = httpx.post(f"{engine_server.url}/v1/weights/load", json={"path": str(tmp_path), "version": 9})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "path"
+
+
+@pytest.mark.parametrize(("stop", "start"), [("/sleep?level=1", "/wake_up?tags=weights&tags=kv_cache"),
+                                             ("/pause?mode=wait", "/resume")])
+async def test_calls_wait_while_the_engine_sleeps_or_is_paused(engine_server: RunningEngine, stop: str,
+                                                               start: str) -> None:
+    """vLLM's routes for the trainer's hand-over: a call made meanwhile waits (it is not refused) and is served
+    once the engine wakes or resumes."""
+    async with httpx.AsyncClient(base_url=engine_server.url, timeout=120) as http:
+        try:
+            assert (await http.post(stop)).is_success
+            state = (await http.get("/is_sleeping")).json()["is_sleeping"], (await http.get("/is_paused")).json()
+            assert state == (stop.startswith("/sleep"), {"is_paused": True})
+            call = asyncio.create_task(http.post("/v1/completions", json={
+                "model": engine_server.model, "prompt": "2 + 2", "max_tokens": 4}))
+            await asyncio.sleep(1.0)
+            assert not call.done()
+        finally:
+            assert (await http.post(start)).is_success
+        assert (await asyncio.wait_for(call, 60)).status_code == 200
+        assert (await http.get("/is_paused")).json() == {"is_paused": False}
+        assert (await http.post("/sleep?level=3")).status_code == 400  # in vLLM's range, 400 as it answers
