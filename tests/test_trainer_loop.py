@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 
+from infra.processes import free_port, stop
 from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import (
@@ -43,8 +44,9 @@ from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
 from stream_processors.pipeline import rebuild
-from tests.conftest import RunningEngine, gateway, serve_engine
+from tests.conftest import RunningEngine, gateway, serve_engine, spawn
 from tests.factories import synthetic_run
+from tests.fakes.held_weights import fingerprint, read_folder
 from tests.test_trainer_tracking import NAMES, tensorboard_scalars
 from trainer import checkpoint
 from trainer.advantages import ScoredGroups
@@ -167,6 +169,46 @@ async def test_an_update_the_backend_could_not_apply_is_aborted_and_requested_ag
     for e in events[:[type(e) for e in events].index(UpdateAborted) + 2]:
         control.apply(e)
     assert control.pending == 1  # requested again after its abort: pending, for a trainer restarted now
+
+
+async def test_a_version_an_engine_refuses_is_aborted_rolled_back_and_trained_again(
+        bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM (its fake) refuses the first hand-over: the replica is put back on version 0, the update aborted, the
+    policy reopened from the last commit (not updated twice), and the retry lands: the engine holds exactly the
+    committed version 1, which equals what a run without the refusal commits."""
+    port = free_port()
+    url, fake = spawn(["tests.fakes.vllm_rl", "--model", str(tiny_model), "--port", str(port)],
+                      tmp_path / "vllm.log", "FakeVLLM", port)
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            await http.post("/update_weight_version", json={"new_version": "0"})  # as the trainer's start labels it
+            await http.post("/fake/fail", json={"path": "/collective_rpc", "times": 1})
+            runs = {}
+            for name, engine in (("refused", {"kind": "vllm", "urls": [url]}), ("clean", None)):
+                run_id = f"run-{uuid.uuid4().hex[:8]}"
+                async with EventProducer(bus) as producer:
+                    await producer.publish_many(task_groups(run_id, 2))
+                config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / name,
+                                       engine=engine, batch_groups=2, max_updates=1,
+                                       zero_variance="keep")
+                state = await Trainer(config, bus).run()
+                assert state.version == 1 and len(state.history) == 1
+                runs[name] = (run_id, config.run_dir / "v000001")
+            held = (await http.get("/fake/state")).json()
+    finally:
+        stop(fake)
+    events = await control_events(bus, runs["refused"][0])
+    kinds = [(type(e).__name__, getattr(e, "version", None)) for e in events
+             if isinstance(e, UpdateRequested | UpdateAborted | WeightVersionPublished)]
+    assert kinds == [("UpdateRequested", 1), ("UpdateAborted", 1), ("UpdateRequested", 1),
+                     ("WeightVersionPublished", 1)]
+    assert "did not reach the engine" in next(e for e in events if isinstance(e, UpdateAborted)).reason
+    assert held["calls"].count("/collective_rpc") == 3  # refused, the rollback to version 0, the retry
+    assert held["label"] == "1" and not held["paused"]
+    committed = {name: read_folder(folder) for name, (_, folder) in runs.items()}
+    assert held["fingerprint"] == fingerprint(committed["refused"].items())
+    for name, tensor in committed["clean"].items():
+        torch.testing.assert_close(committed["refused"][name], tensor)
 
 
 async def test_an_update_waits_for_the_validation_of_the_version_served_and_the_loggers_get_each_round(

@@ -20,13 +20,50 @@ _LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
                     "clearml": "clearml"}  # what each of verl's backends imports
 
 
+class EngineConfig(BaseModel):
+    """The engine replicas each new version is handed to, and how (`trainer/engines/`)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["tether", "vllm", "sglang"] = Field(
+        "tether", description="tether: the embedded engine; vllm: vLLM servers started with VLLM_SERVER_DEV_MODE=1; "
+                              "sglang: SGLang servers.")
+    urls: list[str] = Field(min_length=1, description="Every replica (the gateways' engines).")
+    transfer: Literal["disk", "distributed"] = Field(
+        "disk", description="disk: each replica loads the checkpoint folder the trainer writes (it must see the "
+                            "same path); distributed: the trainer broadcasts the weights to the replicas' workers "
+                            "over a collective group (NCCL), vLLM and SGLang only.")
+    collocated: bool = Field(False, description="The replicas share the trainer's accelerators: they sleep before "
+                                                "each update and wake after it.")
+    sleep_level: Literal[1, 2] = Field(1, description="vLLM's sleep level: 1 keeps the weights in host memory, 2 "
+                                                      "drops them (a new version replaces them anyway).")
+    group_address: str = Field("127.0.0.1", description="The trainer's address as the replicas' workers reach it "
+                                                        "(distributed).")
+    group_port: int = Field(0, ge=0, le=65535, description="The group's rendezvous port (0: a free one).")
+    group_backend: Literal["nccl", "gloo"] = Field("nccl", description="gloo: CPU tensors (tests).")
+    group_device: str = Field("cpu", description="Where the trainer reads the weights into before sending (cuda "
+                                                 "for NCCL).")
+    group_timeout_s: float = Field(300.0, gt=0, description="The longest a collective may wait for a rank.")
+    bucket_mb: int = Field(512, ge=1, description="Tensors broadcast per update_weights call, in MiB.")
+    timeout_s: float = Field(600.0, gt=0, description="The longest any one engine call may take.")
+    check_every_s: float = Field(5.0, gt=0, description="How often replicas are asked which version they hold "
+                                                        "(a restarted one is brought to the current version).")
+
+    @model_validator(mode="after")
+    def _distributed_needs_a_group(self) -> EngineConfig:
+        if self.transfer == "distributed" and self.kind == "tether":
+            raise ValueError("transfer: distributed is for vllm and sglang; the embedded engine loads from disk")
+        return self
+
+
 class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str = Field(min_length=1)
     model: Path = Field(description="The starting model (a Hugging Face folder); also the KL reference.")
     checkpoint_dir: Path = Field(Path(".tether/checkpoints"), description="CHECKPOINT_DIR/RUN_ID/vNNNNNN.")
-    engine_url: str | None = Field(None, description="Engine to load each new version into (collocated mode).")
+    engine_url: str | None = Field(None, description="One embedded engine to load each new version into (short "
+                                                    "for engine: {kind: tether, urls: [URL]}).")
+    engine: EngineConfig | None = Field(None, description="The engine replicas each new version is handed to.")
     batch_groups: int = Field(8, ge=1, description="B: task groups per update.")
     max_updates: int | None = Field(None, ge=1, description="Stop after this many updates (default: run on).")
     max_staleness: int = Field(2, ge=0, description="Drop task groups sampled more versions ago than this.")
@@ -93,6 +130,15 @@ class TrainerConfig(BaseModel):
             raise ValueError("advantage_level: sample takes the episode's outcome as each call's reward; it does "
                              "not combine with credit per-call")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_url_is_short_for_engine(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("engine_url"):
+            if data.get("engine"):
+                raise ValueError("engine_url and engine: give one (engine_url is short for one embedded engine)")
+            data = {**data, "engine": {"kind": "tether", "urls": [data["engine_url"]]}}
+        return data
 
     @model_validator(mode="after")
     def _verl_has_no_reference(self) -> TrainerConfig:

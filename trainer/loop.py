@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from aiokafka import TopicPartition
 
 from schemas import topics
@@ -50,6 +49,7 @@ from trainer.backend import UpdateBackend, open_backend
 from trainer.batch import select
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
+from trainer.engines.fleet import EngineFleet
 from trainer.errors import DrainTimeout, EngineError, UpdateFailed
 from trainer.learner import pick_device
 from trainer.metrics import UpdateRecord
@@ -120,35 +120,13 @@ class Control:
         return {g: now - heard for g, heard in self.members.items() if now - heard > lease_s}
 
 
-class EngineLink:
-    """The engine each new version is loaded into (collocated mode); without an `engine_url` loading does nothing."""
-
-    def __init__(self, url: str | None) -> None:
-        self.url = url
-        self._client = httpx.AsyncClient(base_url=url, timeout=600) if url else None
-
-    async def load(self, folder: Path, version: int) -> None:
-        if self._client is None:
-            return
-        try:
-            response = await self._client.post("/v1/weights/load", json={"path": str(folder), "version": version})
-        except httpx.HTTPError as exc:
-            raise EngineError(f"engine {self.url} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise EngineError(f"engine refused version {version}: {response.status_code} {response.text[:300]}")
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-
-
 @dataclass(kw_only=True)
 class Session:
     """What one `Trainer.run` holds open, handed to its steps as one value."""
     backend: UpdateBackend
     state: TrainerState
     producer: EventProducer
-    engine: EngineLink
+    engine: EngineFleet | None
     tracker: Tracker | None = None
     idle_since: float = field(default_factory=time.monotonic)  # the last update's end: agents at work since
 
@@ -195,9 +173,9 @@ class Trainer:
     async def _settle(self, run: Session) -> None:
         """An update a crash interrupted: publish it if its checkpoint was committed, else abort it."""
         pending = self.control.pending
+        if run.engine is not None:  # a replica may hold a newer, uncommitted version, or restarted on its launch one
+            await run.engine.bring_up(*self._committed(run.state))
         found = checkpoint.latest(self.config.run_dir)
-        if found is not None:
-            await run.engine.load(found, run.state.version)  # the engine may hold a newer, uncommitted one
         if pending is None:
             return
         if pending == run.state.version:
@@ -213,28 +191,34 @@ class Trainer:
     async def run(self) -> TrainerState:
         backend, state = await asyncio.to_thread(self._open)
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
-        engine = EngineLink(self.config.engine_url)
+        engine = EngineFleet(self.config.engine) if self.config.engine is not None else None
         tracker = await asyncio.to_thread(open_tracking, self.config) if self.config.logger else None
         self._tracker = tracker
         async with EventProducer(self.bus, client_id=f"trainer-{self.config.run_id}") as producer:
             run = Session(backend=backend, state=state, producer=producer, engine=engine, tracker=tracker)
             follower = asyncio.create_task(self._follow_control(producer))
+            watcher: asyncio.Task[None] | None = None
             try:
                 await self._caught_up.wait()
                 await self._settle(run)
+                if engine is not None:
+                    watcher = asyncio.create_task(engine.watch(lambda: self._committed(run.state)))
                 if not self._done(state):
                     await self._train(run)
-                await self._final_validation(state)
+                await self._final_validation(run.state)
             finally:
-                follower.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await follower
-                await engine.aclose()
+                for task in (follower, watcher):
+                    if task is not None:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+                if engine is not None:
+                    await engine.aclose()
                 if tracker is not None:
                     tracker.finish()
                 if self.backend is None:  # the loop opened it
-                    await asyncio.to_thread(backend.close)
-        return state
+                    await asyncio.to_thread(run.backend.close)
+        return run.state
 
     async def _train(self, run: Session) -> None:
         async with EventConsumer(self.bus, [topics.SAMPLES], run.producer,
@@ -296,6 +280,8 @@ class Trainer:
                                                    n_task_groups=len(chosen.groups)))
         await self._wait_drained(run.producer, version)
         drained = time.monotonic()
+        if run.engine is not None:
+            await run.engine.before_update()  # collocated: the replicas give up the accelerators
         # nothing chosen, nothing learnt: the version still advances, so the record stays one update per batch
         metrics = await asyncio.to_thread(run.backend.update, scored, state.version)
         updated = time.monotonic()
@@ -308,7 +294,11 @@ class Trainer:
         state.history.append(row)
         for g in groups:
             state.trained[g.group_id] = version
-        final = await self._commit(run, version)
+        try:
+            final = await self._commit(run, version)
+        except EngineError as exc:  # the replicas are back on the committed version: so must the policy be
+            await self._revert(run)
+            raise UpdateFailed(f"version {version} did not reach the engine: {exc}") from exc
         committed = time.monotonic()
         if run.tracker is not None:
             timing = Timing(generation=started - run.idle_since, drain=drained - started, update=updated - drained,
@@ -359,10 +349,34 @@ class Trainer:
         return condition()
 
     async def _commit(self, run: Session, version: int) -> Path:
-        """Stage the checkpoint, load it into the engine, then commit it: the update counts from here."""
+        """Stage the checkpoint, hand it to the engine, then commit it: the update counts from here."""
         staging = await asyncio.to_thread(run.backend.stage, self.config.run_dir, run.state)
-        await run.engine.load(staging, version)
+        if run.engine is not None:
+            fallback = self._committed(run.state, previous=True)
+            await run.engine.deliver(staging, version, fallback)
         return await asyncio.to_thread(checkpoint.commit, self.config.run_dir, staging, version)
+
+    def _committed(self, state: TrainerState, previous: bool = False) -> tuple[Path, int]:
+        """The last committed weights and their version (the starting model, version 0, before any). With
+        `previous`, during an update whose version `state` already carries: the one before it."""
+        found = checkpoint.latest(self.config.run_dir)
+        if found is None:
+            return self.config.model, 0
+        return found, state.version - 1 if previous else state.version
+
+    async def _revert(self, run: Session) -> None:
+        """The policy and the state back to the last commit (the update's offsets kept: the retry trains the same
+        groups). A backend the loop was given cannot be reopened: the failure is then the run's."""
+        if self.backend is not None:
+            raise EngineError("the engine refused a version and the given backend cannot be rolled back")
+        found = checkpoint.latest(self.config.run_dir)
+        await asyncio.to_thread(run.backend.close)
+        run.backend = await asyncio.to_thread(open_backend, self.config, self.device, found)
+        restored = checkpoint.load_state(found) if found is not None else TrainerState()
+        offsets = dict(run.state.offsets)
+        for name in ("version", "trained", "history"):
+            setattr(run.state, name, getattr(restored, name))
+        run.state.offsets = offsets
 
     async def _wait_drained(self, producer: EventProducer, version: int) -> None:
         """Until every member drained. A member silent past its lease (killed: no GatewayLeft came) is written off

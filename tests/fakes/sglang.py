@@ -1,0 +1,228 @@
+"""FakeSGLang: SGLang 0.5.23's weight, pause, memory and cache routes, in its wire format.
+
+Read from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`, the scheduler's weight
+updater): every route on by default; weight routes answer `{"success", "message"}` with 200, or 400 when
+`success` is false; a body that fails validation gets 400 `{"object": "error", ...}`; distributed updates run
+inside a begin/end session; a disk update renames the served model to its path. The weight group is joined
+with the trainer's `TorchGroup`, as SGLang's workers join theirs (`init_custom_process_group`), over gloo
+where SGLang's is NCCL. Routes under /fake/ are the fake's (`tests/fakes/held_weights.py`).
+
+    python -m tests.fakes.sglang --model DIR --port 8400
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import Body, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from tests.fakes.held_weights import HeldWeights, read_folder
+from trainer.engines.broadcast import TorchGroup
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # msgspec structs with extra_behavior="ignore"
+    rid: str | None = None
+
+
+class PauseReq(_Req):
+    mode: str = "abort"
+
+
+class MemoryReq(_Req):
+    tags: list[str] | None = None
+
+
+class DiskReq(_Req):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+class GroupReq(_Req):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class DistributedReq(_Req):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class VersionReq(_Req):
+    new_version: str
+    abort_all_requests: bool = True
+
+
+def answer(success: bool, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"success": success, "message": message, **extra}, status_code=200 if success else 400)
+
+
+def create_app(held: HeldWeights) -> FastAPI:
+    app = FastAPI()
+    session: dict[str, Any] = {"open": False, "groups": {}}
+    served = {"model_path": str(held.model)}
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"object": "error", "message": f"{exc} {exc.errors()}", "type": "Bad Request",
+                             "param": None, "code": 400}, status_code=400)
+
+    @app.middleware("http")
+    async def faults(request: Request, call_next: Any) -> Response:
+        if not request.url.path.startswith("/fake/") and held.fails(request.url.path):
+            return answer(False, f"injected failure of {request.url.path}")
+        response: Response = await call_next(request)
+        return response
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return {"model_path": served["model_path"], "served_model_name": served["model_path"],
+                "tokenizer_path": str(held.model), "is_generation": True, "weight_version": held.label}
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return {"tp_size": held.tp_size, "dp_size": 1, "version": "0.5.23"}
+
+    @app.post("/pause_generation")
+    async def pause(body: Annotated[PauseReq, Body()]) -> dict[str, Any]:
+        held.paused = True
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def resume(body: Annotated[_Req, Body()]) -> dict[str, Any]:
+        held.paused = False
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.post("/release_memory_occupation")
+    async def release(body: Annotated[MemoryReq, Body()]) -> Response:
+        held.sleeping = True
+        return JSONResponse(None)
+
+    @app.post("/resume_memory_occupation")
+    async def occupy(body: Annotated[MemoryReq, Body()]) -> Response:
+        woken = set(body.tags or ["weights", "kv_cache", "cuda_graph"])
+        session.setdefault("woken", set()).update(woken)
+        if {"weights", "kv_cache"} <= session["woken"]:
+            held.sleeping, session["woken"] = False, set()
+        return JSONResponse(None)
+
+    @app.post("/update_weights_from_disk")
+    async def from_disk(body: Annotated[DiskReq, Body()]) -> JSONResponse:
+        try:
+            held.tensors = await asyncio.to_thread(read_folder, Path(body.model_path))
+        except (OSError, ValueError) as exc:
+            return answer(False, f"Failed to get weights iterator: {exc}.", num_paused_requests=0)
+        served["model_path"] = body.model_path
+        message = "Succeeded to update model weights."
+        if body.weight_version is not None:
+            held.label = body.weight_version
+            message += f" Weight version updated to {body.weight_version}."
+        return answer(True, message, num_paused_requests=0)
+
+    @app.post("/init_weights_update_group")
+    async def init_group(body: Annotated[GroupReq, Body()]) -> JSONResponse:
+        group = TorchGroup(backend="gloo", address=body.master_address, port=body.master_port,
+                           rank=body.rank_offset, world_size=body.world_size, name=body.group_name, timeout_s=60)
+        try:
+            await asyncio.to_thread(group.join)
+        except RuntimeError as exc:
+            return answer(False, f"Failed to initialize custom process group: {exc}.")
+        session["groups"][body.group_name] = group
+        return answer(True, "Succeeded to initialize custom process group.")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_group(group_name: Annotated[str, Body(embed=True)] = "weight_update_group") -> JSONResponse:
+        group = session["groups"].pop(group_name, None)
+        if group is None:
+            return answer(False, "The group to be destroyed does not exist.")
+        group.close()
+        return answer(True, "Succeeded to destroy custom process group.")
+
+    @app.post("/begin_weight_update")
+    async def begin(body: Annotated[_Req, Body()]) -> JSONResponse:
+        if session["open"]:
+            return answer(False, "a weight-update session is already open; call end_weight_update() first")
+        session["open"] = True
+        return answer(True, "Success")
+
+    @app.post("/end_weight_update")
+    async def end(body: Annotated[_Req, Body()]) -> JSONResponse:
+        if not session["open"]:
+            return answer(False, "no weight-update session is open; call begin_weight_update() first")
+        session["open"] = False
+        return answer(True, "Success")
+
+    @app.post("/update_weights_from_distributed")
+    async def from_distributed(body: Annotated[DistributedReq, Body()]) -> JSONResponse:
+        if not session["open"]:
+            return answer(False, "update_weights_from_distributed must run between begin_weight_update() and "
+                                 "end_weight_update()")
+        group = session["groups"].get(body.group_name)
+        if group is None:
+            return answer(False, f"Failed to update parameter online: no group {body.group_name}.")
+        try:
+            received = await asyncio.to_thread(held.receive, group, body.names, body.dtypes, body.shapes)
+        except (ValueError, RuntimeError) as exc:
+            return answer(False, f"Failed to update parameter online: {exc}.")
+        held.tensors = {**(held.tensors or {}), **received}  # loaded into the model as it arrives
+        message = "Succeeded to update parameter online."
+        if body.weight_version is not None:
+            held.label = body.weight_version
+            message += f" Weight version updated to {body.weight_version}."
+        return answer(True, message)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(body: Annotated[VersionReq, Body()]) -> JSONResponse:
+        held.label = body.new_version
+        return answer(True, f"Weight version updated to {body.new_version}", new_version=body.new_version)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> PlainTextResponse:
+        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                 "running or waiting requests, the operation will not be performed.)\n")
+
+    @app.get("/fake/state")
+    async def state() -> dict[str, object]:
+        return held.state()
+
+    @app.post("/fake/fail")
+    async def fail(path: Annotated[str, Body()], times: Annotated[int, Body()] = 1) -> dict[str, Any]:
+        held.failing[path] = times
+        return {"failing": held.failing}
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    uvicorn.run(create_app(HeldWeights(args.model)), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""The replicas of a run's engine as one: every hand-over phase on all of them, and one answer.
+
+    before the update   collocated: pause, sleep (the accelerators are the trainer's while it trains)
+    deliver version v   collocated: wake the weights; then the weights (disk: each replica loads the staged
+                        checkpoint; distributed: begin, every bucket broadcast from the trainer while each replica
+                        receives it, end labelled v); collocated: wake the KV cache; reset the prefix cache; resume
+
+A phase that any replica fails aborts the hand-over: every replica is put back
+on the last committed version by the disk path and resumed, and the loop
+aborts the update (the gateways resume on the old version) and tries again.
+Between updates `watch` asks each replica which version it holds: one that
+restarted (it answers its launch label) is brought to the current version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.config import EngineConfig
+from trainer.engines.base import GroupInfo, Replica, buckets
+from trainer.engines.broadcast import Sender, TorchGroup, VllmNcclSender, vllm_gloo_name
+from trainer.engines.sglang import SglangReplica
+from trainer.engines.tether import TetherReplica
+from trainer.engines.vllm import VllmReplica
+from trainer.errors import EngineError
+
+log = logging.getLogger("tether.trainer.engines")
+SenderFactory = Callable[[GroupInfo], Sender]
+_groups = itertools.count(1)
+
+
+def open_replica(kind: str, url: str, timeout_s: float) -> Replica:
+    kinds: dict[str, Callable[[str, float], Replica]] = {"tether": TetherReplica, "vllm": VllmReplica,
+                                                         "sglang": SglangReplica}
+    return kinds[kind](url, timeout_s)
+
+
+def default_sender(kind: str) -> SenderFactory:
+    """vLLM's own NCCL rendezvous for vLLM over NCCL; torch's group (SGLang's, and the fakes' over gloo) otherwise."""
+    def make(group: GroupInfo) -> Sender:
+        if kind == "vllm" and group.backend == "nccl":
+            return VllmNcclSender(address=group.address, port=group.port, world_size=group.world_size)
+        name = vllm_gloo_name(group.port) if kind == "vllm" else group.name
+        return TorchGroup(backend=group.backend, address=group.address, port=group.port, rank=0,
+                          world_size=group.world_size, name=name, timeout_s=group.timeout_s)
+    return make
+
+
+class EngineFleet:
+    def __init__(self, config: EngineConfig, replicas: Sequence[Replica] | None = None,
+                 sender: SenderFactory | None = None) -> None:
+        self.config = config
+        self.replicas = list(replicas) if replicas is not None else [
+            open_replica(config.kind, url, config.timeout_s) for url in config.urls]
+        self._make_sender = sender or default_sender(config.kind)
+        self._sender: Sender | None = None
+        self._lock = asyncio.Lock()  # one hand-over (or bring-up) at a time
+        self._asleep = False  # collocated, between before_update and deliver: the trainer's turn
+
+    async def _all(self, phase: Callable[[Replica], Awaitable[Any]]) -> None:
+        """The phase on every replica at once; the first failure is raised once all have answered."""
+        results = await asyncio.gather(*(phase(r) for r in self.replicas), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0] if isinstance(failures[0], EngineError) else EngineError(repr(failures[0]))
+
+    # -- the hand-over --------------------------------------------------------------
+
+    async def before_update(self) -> None:
+        """Collocated: the replicas stop and give up their accelerator memory while the trainer trains."""
+        if not self.config.collocated:
+            return
+        async with self._lock:
+            self._asleep = True
+            await self._all(lambda r: r.pause())
+            await self._all(lambda r: r.sleep(self.config.sleep_level))
+
+    async def deliver(self, folder: Path, version: int, fallback: tuple[Path, int]) -> None:
+        """Version `version` (staged in `folder`) onto every replica. On failure every replica is put back on
+        `fallback` (the last committed checkpoint and its version) and the failure is raised."""
+        async with self._lock:
+            try:
+                if not self.config.collocated:
+                    await self._all(lambda r: r.pause())
+                else:
+                    await self._all(lambda r: r.wake(["weights"]))
+                if self.config.transfer == "disk":
+                    await self._all(lambda r: r.load(folder, version))
+                else:
+                    await self._transfer(folder, version)
+                if self.config.collocated:
+                    await self._all(lambda r: r.wake(["kv_cache"]))
+                await self._all(lambda r: r.reset_cache())
+                await self._all(lambda r: r.resume())
+                self._asleep = False
+            except EngineError as exc:
+                log.warning("version %d: hand-over failed (%s); putting every replica back on version %d",
+                            version, exc, fallback[1])
+                await self._restore(*fallback)
+                self._asleep = False
+                raise
+
+    async def _transfer(self, folder: Path, version: int) -> None:
+        if self._sender is None:
+            await self._join()
+        sender = self._sender
+        assert sender is not None
+        try:
+            await self._all(lambda r: r.begin())
+            for bucket in buckets(folder, self.config.bucket_mb << 20, self.config.group_device):
+                sending = asyncio.ensure_future(asyncio.to_thread(sender.send, bucket.tensors))
+                receiving = [asyncio.ensure_future(r.receive(bucket)) for r in self.replicas]
+                await _first_failure([sending, *receiving])
+            await self._all(lambda r: r.end(version))
+        except BaseException:
+            self._drop_sender()  # a broken broadcast leaves the group unusable: the next hand-over forms a new one
+            await asyncio.gather(*(r.abandon() for r in self.replicas), return_exceptions=True)
+            raise
+
+    async def _join(self) -> None:
+        """The trainer (rank 0) and every replica's workers (from rank 1, replica after replica) form a group."""
+        sizes = [await r.workers() for r in self.replicas]
+        port = self.config.group_port or free_port()
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+        world = 1 + sum(sizes)
+        name = f"tether-weights-{next(_groups)}"
+        def group(offset: int) -> GroupInfo:
+            return GroupInfo(address=self.config.group_address, port=port, rank_offset=offset, world_size=world,
+                             name=name, backend=self.config.group_backend, timeout_s=self.config.group_timeout_s)
+        groups = [group(o) for o in offsets]
+        sender = self._make_sender(group(0))
+        joining = asyncio.ensure_future(asyncio.to_thread(sender.join))
+        replicas = [asyncio.ensure_future(r.join(g)) for r, g in zip(self.replicas, groups, strict=True)]
+        await _first_failure([joining, *replicas])
+        self._sender = sender
+        log.info("weight group %s formed: %d ranks on %s:%d (%s)", name, world, self.config.group_address, port,
+                 self.config.group_backend)
+
+    def _drop_sender(self) -> None:
+        if self._sender is not None:
+            with contextlib.suppress(Exception):
+                self._sender.close()
+            self._sender = None
+
+    async def _restore(self, folder: Path, version: int) -> None:
+        """Best effort, replica by replica: awake, the fallback loaded from disk, the cache reset, resumed."""
+        async def back(replica: Replica) -> None:
+            if self.config.collocated:
+                await replica.wake(["weights", "kv_cache"])
+            await replica.load(folder, version)
+            await replica.reset_cache()
+            await replica.resume()
+        results = await asyncio.gather(*(back(r) for r in self.replicas), return_exceptions=True)
+        for replica, result in zip(self.replicas, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("replica %s could not be put back on version %d: %s", replica.url, version, result)
+
+    # -- replicas that fell behind ------------------------------------------------
+
+    async def bring_up(self, folder: Path, version: int) -> list[str]:
+        """Every replica not holding `version` loads it (disk path); the URLs of those that did."""
+        async with self._lock:
+            if self._asleep:
+                return []  # the trainer's turn: the hand-over that ends it brings every replica up
+            held = await asyncio.gather(*(r.held() for r in self.replicas), return_exceptions=True)
+            behind = [r for r, h in zip(self.replicas, held, strict=True)
+                      if h != version and not isinstance(h, BaseException)]
+            if behind and self._sender is not None:  # a restarted replica left the weight group: form it anew
+                self._drop_sender()
+                await asyncio.gather(*(r.abandon() for r in self.replicas), return_exceptions=True)
+            for replica in behind:
+                log.warning("replica %s holds %s, not version %d: loading %s", replica.url,
+                            held[self.replicas.index(replica)], version, folder)
+                await replica.pause()
+                await replica.load(folder, version)
+                await replica.reset_cache()
+                await replica.resume()
+            return [r.url for r in behind]
+
+    async def watch(self, current: Callable[[], tuple[Path, int]]) -> None:
+        """Forever: every `check_every_s`, replicas that restarted (or missed a version) are brought up to the
+        current one. A replica not answering is left to come back; a failed bring-up is tried again next time."""
+        while True:
+            await asyncio.sleep(self.config.check_every_s)
+            try:
+                await self.bring_up(*current())
+            except EngineError as exc:
+                log.warning("bringing a replica up failed: %s", exc)
+
+    async def aclose(self) -> None:
+        self._drop_sender()
+        for replica in self.replicas:
+            await replica.aclose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+async def _first_failure(tasks: list[asyncio.Future[Any]]) -> None:
+    """All of them, or the first failure at once (a broadcast blocked on a replica that refused is abandoned)."""
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in done:
+        if task.exception() is not None:
+            for other in pending:
+                other.cancel()
+            error = task.exception()
+            assert error is not None
+            raise error if isinstance(error, EngineError) else EngineError(f"weight group: {error!r}") from error
