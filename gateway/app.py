@@ -80,6 +80,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     peers = PeerWatch(bus=settings.bus, gateway_id=settings.gateway_id, rollouts=gateway.rollouts, own=own,
                       producer=producer, metrics=metrics)
     tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]
+    if settings.engine_check_s > 0:
+        tasks.append(asyncio.create_task(engines.watch(settings.engine_kind, lambda: gateway.version,
+                                                       settings.engine_check_s)))
     await _started(tasks, [peers.ready, control.ready])
     app.state.gateway = gateway
     log.info("gateway %s starts serving: tokenizer, Kafka producer and engine %.2f s, then the control and peer "

@@ -10,6 +10,7 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import (
@@ -66,6 +67,12 @@ class GatewaySettings(BaseSettings):
     extendable_calls: int = Field(
         4, ge=0, description="How many of a rollout's latest answers a new call's record may extend (recorded as "
         "the difference: only the tokens and the part of the request it adds); 0 records every call whole.")
+    engine_kind: Literal["tether", "vllm", "sglang"] = Field(
+        "tether", description="What serves behind `engines`: asked in its own API which version each replica holds.")
+    engine_check_s: float = Field(
+        1.0, ge=0, description="How often each replica is asked which version it holds; calls go only to those "
+                               "holding the current one (a restarted replica serves its launch weights until the "
+                               "trainer brings it up). 0: never asked, every replica routed to.")
     engine_retries: int = Field(3, ge=0)
     engine_timeout_s: float = Field(600.0, gt=0)
     bus: BusSettings = Field(default_factory=BusSettings)

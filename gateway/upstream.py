@@ -1,9 +1,11 @@
 """The inference engines behind the gateway, spoken to in vLLM's token-in, token-out completions API.
 
-A rollout is pinned to one engine (hash of its id), so its calls reuse that
-engine's prefix cache. Connection errors and 5xx are retried with jittered
-exponential backoff, a bounded number of times, and only before any output
-reached the caller.
+A rollout is pinned to one engine (rendezvous hashing of its id over the
+replicas that may serve it, `gateway/replicas.py`), so its calls reuse that
+engine's prefix cache, and only the rollouts of a replica that drops out
+move. Connection errors and 5xx are retried with jittered exponential
+backoff, a bounded number of times, and only before any output reached the
+caller.
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 
 from gateway.errors import EngineFailed, InvalidRequest
+from gateway.replicas import VERSION_ROUTE, held_version, routable
+
+log = logging.getLogger("tether.gateway")
 
 # Before any output: the engine is not there, dropped the connection, or is restarting.
 RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
@@ -35,6 +41,7 @@ class EnginePool:
         self.backoff_s = backoff_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=5.0)
         self._session: aiohttp.ClientSession | None = None
+        self.routable = list(self.urls)  # those a call may go to (`watch`)
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -48,8 +55,29 @@ class EnginePool:
             await self._session.close()
 
     def pick(self, rollout_id: str) -> str:
-        digest = hashlib.sha256(rollout_id.encode()).digest()
-        return self.urls[int.from_bytes(digest[:8], "big") % len(self.urls)]
+        if len(self.routable) == 1:
+            return self.routable[0]
+        key = rollout_id.encode()
+        return max(self.routable, key=lambda url: hashlib.blake2b(key + url.encode(), digest_size=8).digest())
+
+    async def watch(self, kind: str, current: Callable[[], int], every_s: float) -> None:
+        """Forever: which replicas hold at least the version `current()` names (`gateway/replicas.py`)."""
+        path, _ = VERSION_ROUTE[kind]
+        timeout = aiohttp.ClientTimeout(total=max(every_s, 1.0))
+        while True:
+            held: dict[str, int | None] = {}
+            for url in self.urls:
+                try:
+                    async with self._http.get(f"{url}{path}", timeout=timeout) as response:
+                        held[url] = held_version(kind, _parse(await response.read())) if response.ok else None
+                except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
+                    held[url] = None
+            ready = sorted(routable(held, current()))
+            if ready != sorted(self.routable):
+                log.warning("engine replicas now routed to: %s (held: %s, current version %d)", ready, held,
+                            current())
+                self.routable = [u for u in self.urls if u in ready]
+            await asyncio.sleep(every_s)
 
     async def model(self) -> str:
         """The name the first engine serves (what the gateway passes on in every request)."""

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.errors import EngineFailed, InvalidRequest
+from gateway.replicas import held_version, routable
 from gateway.settings import GatewaySettings
 from gateway.upstream import EnginePool
+from infra.processes import free_port, stop
+from tests.conftest import spawn
 
 
 def test_a_rollout_always_goes_to_the_same_engine_and_all_engines_are_used() -> None:
@@ -121,3 +128,64 @@ async def test_an_engine_writing_infinity_for_a_logprob_is_still_read() -> None:
         await server.close()
     assert whole["choices"][0]["logprobs"] == [float("-inf")]
     assert [c["choices"][0]["logprobs"] for c in chunks] == [[float("-inf")]]
+
+
+def test_only_the_rollouts_of_a_replica_that_drops_out_move() -> None:
+    pool = EnginePool(["http://a:1", "http://b:2", "http://c:3"])
+    before = {f"rollout-{i}": pool.pick(f"rollout-{i}") for i in range(600)}
+    pool.routable = ["http://a:1", "http://c:3"]
+    after = {rollout: pool.pick(rollout) for rollout in before}
+    assert all(after[r] == url for r, url in before.items() if url != "http://b:2")
+    assert {after[r] for r, url in before.items() if url == "http://b:2"} == {"http://a:1", "http://c:3"}
+
+
+@given(held=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.none() | st.integers(0, 5), min_size=1),
+       current=st.integers(0, 5))
+def test_calls_go_to_replicas_holding_the_current_version_or_to_all_when_none_does(
+        held: dict[str, int | None], current: int) -> None:
+    ready = routable(held, current)
+    up_to_date = {url for url, version in held.items() if version is not None and version >= current}
+    assert ready == (up_to_date or set(held))
+
+
+@pytest.mark.parametrize(("kind", "body", "version"), [
+    ("tether", {"version": 4, "paused": False}, 4), ("vllm", {"weight_version": "7"}, 7),
+    ("vllm", {"weight_version": "default"}, 0), ("sglang", {"weight_version": "default", "model_path": "m"}, 0),
+    ("sglang", {"weight_version": "12"}, 12)])
+def test_each_engine_says_its_version_in_its_own_words(kind: str, body: dict[str, object], version: int) -> None:
+    assert held_version(kind, body) == version
+
+
+async def test_the_pool_routes_around_a_restarted_replica_until_it_holds_the_current_version(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """Two vLLM replicas (the fake) at version 3; one restarts (its label back to "default"): the gateway's calls
+    all go to the other until the trainer labels it 3 again."""
+    servers = []
+    for i in range(2):
+        port = free_port()
+        servers.append(spawn(["tests.fakes.vllm_rl", "--model", str(tiny_model), "--port", str(port)],
+                             tmp_path / f"vllm{i}.log", "FakeVLLM", port))
+    urls = [url for url, _ in servers]
+    pool = EnginePool(urls)
+    watch = asyncio.create_task(pool.watch("vllm", lambda: 3, every_s=0.1))
+    try:
+        async with httpx.AsyncClient() as http:
+            await http.post(f"{urls[0]}/update_weight_version", json={"new_version": "3"})
+
+            async def routed(expected: list[str]) -> None:
+                async with asyncio.timeout(10):
+                    while pool.routable != expected:  # noqa: ASYNC110  # the pool is polled: no event to wait on
+                        await asyncio.sleep(0.05)
+
+            await routed([urls[0]])
+            assert {pool.pick(f"rollout-{i}") for i in range(50)} == {urls[0]}
+            await http.post(f"{urls[1]}/update_weight_version", json={"new_version": "3"})
+            await routed(urls)
+            assert {pool.pick(f"rollout-{i}") for i in range(50)} == set(urls)
+            stop(servers[0][1])  # silent: routed around as well
+            await routed([urls[1]])
+    finally:
+        watch.cancel()
+        await pool.close()
+        for _, process in servers:
+            stop(process)
