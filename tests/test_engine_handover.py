@@ -255,6 +255,11 @@ async def test_a_restarted_replica_is_brought_up_to_the_current_version(
         await holds(engines, servers, versions[1], 1)
         await engines.deliver(versions[2], 2, (versions[1], 1))  # a distributed fleet forms its group again
         await holds(engines, servers, versions[2], 2)
+        # ahead of the committed version is a hand-over before its commit: left alone, except by the trainer's
+        # start, which puts an uncommitted version back
+        assert await engines.bring_up(versions[1], 1) == []
+        assert await engines.bring_up(versions[1], 1, settle=True) == [s.url for s in servers]
+        await holds(engines, servers, versions[1], 1)
     finally:
         await engines.aclose()
 

@@ -171,6 +171,19 @@ async def test_an_update_the_backend_could_not_apply_is_aborted_and_requested_ag
     assert control.pending == 1  # requested again after its abort: pending, for a trainer restarted now
 
 
+def test_the_committed_version_is_read_from_the_checkpoint_not_from_the_state_an_update_advanced(
+        tmp_path: Path, tiny_model: Path) -> None:
+    """What the engine watcher brings a replica to must pair a folder with its own version: during an update the
+    state already carries the next version while LATEST still names the last commit."""
+    config = TrainerConfig(run_id="r", model=tiny_model, checkpoint_dir=tmp_path, engine_url="http://e:1")
+    trainer = Trainer(config, BusSettings())
+    assert trainer._committed() == (tiny_model, 0)
+    staged = checkpoint.stage(config.run_dir, checkpoint.TrainerState(version=1), lambda folder: None)
+    final = checkpoint.commit(config.run_dir, staged, 1)
+    checkpoint.stage(config.run_dir, checkpoint.TrainerState(version=2), lambda folder: None)  # staged, uncommitted
+    assert trainer._committed() == (final, 1)
+
+
 async def test_a_version_an_engine_refuses_is_aborted_rolled_back_and_trained_again(
         bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
     """vLLM (its fake) refuses the first hand-over: the replica is put back on version 0, the update aborted, the

@@ -174,7 +174,7 @@ class Trainer:
         """An update a crash interrupted: publish it if its checkpoint was committed, else abort it."""
         pending = self.control.pending
         if run.engine is not None:  # a replica may hold a newer, uncommitted version, or restarted on its launch one
-            await run.engine.bring_up(*self._committed(run.state))
+            await run.engine.bring_up(*self._committed(), settle=True)
         found = checkpoint.latest(self.config.run_dir)
         if pending is None:
             return
@@ -202,7 +202,7 @@ class Trainer:
                 await self._caught_up.wait()
                 await self._settle(run)
                 if engine is not None:
-                    watcher = asyncio.create_task(engine.watch(lambda: self._committed(run.state)))
+                    watcher = asyncio.create_task(engine.watch(self._committed))
                 if not self._done(state):
                     await self._train(run)
                 await self._final_validation(run.state)
@@ -352,17 +352,16 @@ class Trainer:
         """Stage the checkpoint, hand it to the engine, then commit it: the update counts from here."""
         staging = await asyncio.to_thread(run.backend.stage, self.config.run_dir, run.state)
         if run.engine is not None:
-            fallback = self._committed(run.state, previous=True)
-            await run.engine.deliver(staging, version, fallback)
+            await run.engine.deliver(staging, version, self._committed())
         return await asyncio.to_thread(checkpoint.commit, self.config.run_dir, staging, version)
 
-    def _committed(self, state: TrainerState, previous: bool = False) -> tuple[Path, int]:
-        """The last committed weights and their version (the starting model, version 0, before any). With
-        `previous`, during an update whose version `state` already carries: the one before it."""
+    def _committed(self) -> tuple[Path, int]:
+        """The last committed weights and their version, read from the checkpoint itself (the starting model,
+        version 0, before any): never the version an update under way has already put in the state."""
         found = checkpoint.latest(self.config.run_dir)
         if found is None:
             return self.config.model, 0
-        return found, state.version - 1 if previous else state.version
+        return found, checkpoint.load_state(found).version
 
     async def _revert(self, run: Session) -> None:
         """The policy and the state back to the last commit (the update's offsets kept: the retry trains the same

@@ -63,6 +63,7 @@ class EngineFleet:
         self._sender: Sender | None = None
         self._lock = asyncio.Lock()  # one hand-over (or bring-up) at a time
         self._asleep = False  # collocated, between before_update and deliver: the trainer's turn
+        self._suspect: set[str] = set()  # replicas a rollback could not put back: reloaded whatever they say
 
     async def _all(self, phase: Callable[[Replica], Awaitable[Any]]) -> None:
         """The phase on every replica at once; the first failure is raised once all have answered."""
@@ -160,18 +161,21 @@ class EngineFleet:
         results = await asyncio.gather(*(back(r) for r in self.replicas), return_exceptions=True)
         for replica, result in zip(self.replicas, results, strict=True):
             if isinstance(result, BaseException):
+                self._suspect.add(replica.url)
                 log.error("replica %s could not be put back on version %d: %s", replica.url, version, result)
 
     # -- replicas that fell behind ------------------------------------------------
 
-    async def bring_up(self, folder: Path, version: int) -> list[str]:
-        """Every replica not holding `version` loads it (disk path); the URLs of those that did."""
+    async def bring_up(self, folder: Path, version: int, *, settle: bool = False) -> list[str]:
+        """Every replica behind `version` (or with no version of the run, as after a restart) loads it (disk path);
+        the URLs of those that did. A replica ahead is in a hand-over whose commit is still to come, and is left
+        alone, unless `settle` (the trainer starting: an uncommitted version is put back) or its rollback failed."""
         async with self._lock:
             if self._asleep:
                 return []  # the trainer's turn: the hand-over that ends it brings every replica up
             held = await asyncio.gather(*(r.held() for r in self.replicas), return_exceptions=True)
-            behind = [r for r, h in zip(self.replicas, held, strict=True)
-                      if h != version and not isinstance(h, BaseException)]
+            behind = [r for r, h in zip(self.replicas, held, strict=True) if not isinstance(h, BaseException)
+                      and (h is None or h < version or (settle and h != version) or r.url in self._suspect)]
             if behind and self._sender is not None:  # a restarted replica left the weight group: form it anew
                 self._drop_sender()
                 await asyncio.gather(*(r.abandon() for r in self.replicas), return_exceptions=True)
@@ -182,6 +186,7 @@ class EngineFleet:
                 await replica.load(folder, version)
                 await replica.reset_cache()
                 await replica.resume()
+                self._suspect.discard(replica.url)
             return [r.url for r in behind]
 
     async def watch(self, current: Callable[[], tuple[Path, int]]) -> None:
