@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict
 from tests.fakes.held_weights import HeldWeights, read_folder
 from trainer.engines.broadcast import TorchGroup
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
 
 class _Req(BaseModel):
     model_config = ConfigDict(extra="ignore")  # msgspec structs with extra_behavior="ignore"
@@ -118,15 +120,16 @@ def create_app(held: HeldWeights) -> FastAPI:
 
     @app.post("/release_memory_occupation")
     async def release(body: Annotated[MemoryReq, Body()]) -> Response:
+        released: set[str] = session.setdefault("released", set())
+        released.update(body.tags or MEMORY_TAGS)  # no tags: all three (sglang/srt/constants.py)
         held.sleeping = True
         return JSONResponse(None)
 
     @app.post("/resume_memory_occupation")
     async def occupy(body: Annotated[MemoryReq, Body()]) -> Response:
-        woken = set(body.tags or ["weights", "kv_cache", "cuda_graph"])
-        session.setdefault("woken", set()).update(woken)
-        if {"weights", "kv_cache"} <= session["woken"]:
-            held.sleeping, session["woken"] = False, set()
+        released: set[str] = session.setdefault("released", set())
+        released.difference_update(body.tags or MEMORY_TAGS)
+        held.sleeping = bool(released)  # asleep until everything released is back (CUDA graphs included)
         return JSONResponse(None)
 
     @app.post("/update_weights_from_disk")

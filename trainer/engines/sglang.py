@@ -8,8 +8,8 @@ routes free anything). Weight routes answer `{"success": bool, "message"}`,
     workers    GET  /server_info                      {"tp_size": n, ...}
     pause      POST /pause_generation {"mode": "abort"}
     resume     POST /continue_generation {}
-    sleep      POST /release_memory_occupation {"tags": null}     (200, body null)
-    wake       POST /resume_memory_occupation {"tags": [...]}
+    sleep      POST /release_memory_occupation {"tags": null}     (200, body null: weights, kv_cache, cuda_graph)
+    wake       POST /resume_memory_occupation {"tags": ["weights"]}, then {"tags": ["kv_cache", "cuda_graph"]}
     load       POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true}
     join       POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
                                                 backend}
@@ -61,7 +61,9 @@ class SglangReplica:
         await self._http.call("release memory", "POST", "/release_memory_occupation", body={"tags": None})
 
     async def wake(self, tags: Sequence[WakeTag]) -> None:
-        await self._http.call("resume memory", "POST", "/resume_memory_occupation", body={"tags": list(tags)})
+        # releasing with no tags released the CUDA graphs too: they come back with the KV cache they run on
+        names = [name for tag in tags for name in ((tag, "cuda_graph") if tag == "kv_cache" else (tag,))]
+        await self._http.call("resume memory", "POST", "/resume_memory_occupation", body={"tags": names})
 
     async def load(self, folder: Path, version: int) -> None:
         await self._weights("update weights from disk", "/update_weights_from_disk", {
