@@ -73,6 +73,9 @@ class GatewaySettings(BaseSettings):
         1.0, ge=0, description="How often each replica is asked which version it holds; calls go only to those "
                                "holding the current one (a restarted replica serves its launch weights until the "
                                "trainer brings it up). 0: never asked, every replica routed to.")
+    engine_api_key: str | None = Field(
+        None, description="Sent to the engines as a bearer token (vLLM's or SGLang's --api-key); not logged.",
+        repr=False)
     engine_retries: int = Field(3, ge=0)
     engine_timeout_s: float = Field(600.0, gt=0)
     bus: BusSettings = Field(default_factory=BusSettings)

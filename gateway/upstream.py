@@ -33,7 +33,8 @@ RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 class EnginePool:
     """aiohttp, not httpx: at hundreds of calls a second the client's own cost is the gateway's cost."""
 
-    def __init__(self, urls: list[str], retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 600.0) -> None:
+    def __init__(self, urls: list[str], retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 600.0,
+                 api_key: str | None = None) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
@@ -41,6 +42,7 @@ class EnginePool:
         self.backoff_s = backoff_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=5.0)
         self._session: aiohttp.ClientSession | None = None
+        self._headers = {**_JSON, **({"authorization": f"Bearer {api_key}"} if api_key else {})}
         self.routable = list(self.urls)  # those a call may go to (`watch`)
 
     @property
@@ -68,7 +70,7 @@ class EnginePool:
             held: dict[str, int | None] = {}
             for url in self.urls:
                 try:
-                    async with self._http.get(f"{url}{path}", timeout=timeout) as response:
+                    async with self._http.get(f"{url}{path}", timeout=timeout, headers=self._headers) as response:
                         held[url] = held_version(kind, _parse(await response.read())) if response.ok else None
                 except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
                     held[url] = None
@@ -93,7 +95,8 @@ class EnginePool:
         started = False
         for attempt in range(self.retries + 1):
             try:
-                async with self._http.post(url, data=orjson.dumps({**body, "stream": True}), headers=_JSON) as response:
+                async with self._http.post(url, data=orjson.dumps({**body, "stream": True}),
+                                           headers=self._headers) as response:
                     if response.status >= 400:
                         self._raise_for(response.status, await response.text(), retryable_left=attempt < self.retries)
                     async for line in _lines(response.content):
@@ -116,7 +119,7 @@ class EnginePool:
         for attempt in range(self.retries + 1):
             try:
                 data = orjson.dumps(body) if body is not None else None
-                async with self._http.request(method, url, data=data, headers=_JSON) as response:
+                async with self._http.request(method, url, data=data, headers=self._headers) as response:
                     raw = await response.read()
                     if response.status < 400:
                         result: dict[str, Any] = _parse(raw)
@@ -137,6 +140,8 @@ class EnginePool:
             raise _Retry(f"{status}: {message}")
         if status >= 500:
             raise EngineFailed(f"engine answered {status}: {message}")
+        if status in (401, 403):  # the gateway's credentials, not the caller's input
+            raise EngineFailed(f"engine refused the gateway ({status}: {message}); check engine_api_key")
         raise InvalidRequest(message)  # the engine refused what we sent: the caller's input
 
     async def _sleep(self, attempt: int) -> None:

@@ -284,6 +284,27 @@ async def test_collocated_replicas_sleep_while_the_trainer_trains(
         await engines.aclose()
 
 
+async def test_a_replica_behind_a_key_gets_it_from_the_environment(
+        tiny_model: Path, versions: dict[int, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    url, process = spawn(["tests.fakes.sglang", "--model", str(tiny_model), "--port", str(port), "--api-key",
+                          "s3cret-key"], tmp_path / "sglang.log", "FakeSGLang", port)
+    try:
+        config = EngineConfig(kind="sglang", urls=[url], timeout_s=60)
+        monkeypatch.delenv("TETHER_ENGINE_API_KEY", raising=False)
+        refused = EngineFleet(config)
+        with pytest.raises(EngineError, match="401 Unauthorized"):
+            await refused.deliver(versions[1], 1, (versions[0], 0))
+        await refused.aclose()
+        monkeypatch.setenv("TETHER_ENGINE_API_KEY", "s3cret-key")
+        keyed = EngineFleet(config)
+        await keyed.deliver(versions[1], 1, (versions[0], 0))
+        assert await keyed.replicas[0].held() == 1
+        await keyed.aclose()
+    finally:
+        stop(process)
+
+
 def _runs(calls: list[str]) -> list[str]:
     """Repeats of one route (a bucket after another) as one."""
     return [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]

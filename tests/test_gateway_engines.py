@@ -61,6 +61,29 @@ async def flaky() -> AsyncIterator[tuple[str, list[int]]]:
         await server.close()
 
 
+async def test_an_engine_behind_a_key_gets_it_and_its_refusal_is_not_retried() -> None:
+    async def completions(request: web.Request) -> web.Response:
+        if request.headers.get("authorization") != "Bearer engine-key":
+            return web.json_response({"error": "Unauthorized"}, status=401)  # vLLM's body for a missing key
+        return web.json_response({"choices": [{"index": 0, "text": "ok", "token_ids": [1]}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = TestServer(app)
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        keyed, bare = EnginePool([url], api_key="engine-key"), EnginePool([url], retries=3, backoff_s=0.01)
+        assert (await keyed.complete("r", {}))["choices"][0]["text"] == "ok"
+        with pytest.raises(EngineFailed, match="401.*engine_api_key"):  # the gateway's fault, not the caller's
+            await bare.complete("r", {})
+        assert "engine-key" not in repr(GatewaySettings(engine_api_key="engine-key"))
+        await keyed.close()
+        await bare.close()
+    finally:
+        await server.close()
+
+
 async def test_5xx_is_retried_then_answered(flaky: tuple[str, list[int]]) -> None:
     url, statuses = flaky
     statuses += [503, 500]

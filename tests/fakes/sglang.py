@@ -7,7 +7,7 @@ inside a begin/end session; a disk update renames the served model to its path. 
 with the trainer's `TorchGroup`, as SGLang's workers join theirs (`init_custom_process_group`), over gloo
 where SGLang's is NCCL. Routes under /fake/ are the fake's (`tests/fakes/held_weights.py`).
 
-    python -m tests.fakes.sglang --model DIR --port 8400
+    python -m tests.fakes.sglang --model DIR --port 8400 [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -78,7 +78,10 @@ def answer(success: bool, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"success": success, "message": message, **extra}, status_code=200 if success else 400)
 
 
-def create_app(held: HeldWeights) -> FastAPI:
+OPEN = ("/health", "/health_generate", "/ready", "/metrics")  # never behind a key (srt/utils/auth.py)
+
+
+def create_app(held: HeldWeights, api_key: str | None = None) -> FastAPI:
     app = FastAPI()
     session: dict[str, Any] = {"open": False, "groups": {}}
     served = {"model_path": str(held.model)}
@@ -90,6 +93,9 @@ def create_app(held: HeldWeights) -> FastAPI:
 
     @app.middleware("http")
     async def faults(request: Request, call_next: Any) -> Response:
+        guarded = api_key is not None and not request.url.path.startswith(("/fake/", *OPEN))
+        if guarded and request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
         if not request.url.path.startswith("/fake/") and held.fails(request.url.path):
             return answer(False, f"injected failure of {request.url.path}")
         response: Response = await call_next(request)
@@ -223,8 +229,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--api-key", default=None, help="as SGLang's: every route but health needs it as a bearer")
     args = parser.parse_args()
-    uvicorn.run(create_app(HeldWeights(args.model)), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(create_app(HeldWeights(args.model), args.api_key), host="127.0.0.1", port=args.port,
+                log_level="warning")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
-"""One HTTP exchange with a replica, its failures mapped to `EngineError` at this one place."""
+"""One HTTP exchange with a replica, its failures mapped to `EngineError` at this one place.
+
+A replica behind a key (SGLang's `--api-key` or `--admin-api-key`, vLLM's
+`--api-key` for its /v1 routes) gets it as a bearer token from the
+trainer's environment, `TETHER_ENGINE_API_KEY`, never from a file.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, cast
 
 import httpx
@@ -10,12 +16,15 @@ import httpx
 from trainer.errors import EngineError
 
 Params = dict[str, str] | list[tuple[str, str]]
+API_KEY_ENV = "TETHER_ENGINE_API_KEY"
 
 
 class Http:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        key = os.environ.get(API_KEY_ENV)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, headers=headers)
 
     async def call(self, phase: str, method: str, path: str, *, body: Any = None,
                    params: Params | None = None) -> httpx.Response:
