@@ -75,7 +75,7 @@ async def test_an_engine_behind_a_key_gets_it_and_its_refusal_is_not_retried() -
     try:
         keyed, bare = EnginePool([url], api_key="engine-key"), EnginePool([url], retries=3, backoff_s=0.01)
         assert (await keyed.complete("r", {}))["choices"][0]["text"] == "ok"
-        with pytest.raises(EngineFailed, match="401.*engine_api_key"):  # the gateway's fault, not the caller's
+        with pytest.raises(EngineFailed, match=r"401.*engine_api_key"):  # the gateway's fault, not the caller's
             await bare.complete("r", {})
         assert "engine-key" not in repr(GatewaySettings(engine_api_key="engine-key"))
         await keyed.close()
