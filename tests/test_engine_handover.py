@@ -291,12 +291,12 @@ async def test_a_replica_behind_a_key_gets_it_from_the_environment(
                           "s3cret-key"], tmp_path / "sglang.log", "FakeSGLang", port)
     try:
         config = EngineConfig(kind="sglang", urls=[url], timeout_s=60)
-        monkeypatch.delenv("TETHER_ENGINE_API_KEY", raising=False)
+        monkeypatch.delenv("TETHER_TRAINER_ENGINE_API_KEY", raising=False)
         refused = EngineFleet(config)
         with pytest.raises(EngineError, match="401 Unauthorized"):
             await refused.deliver(versions[1], 1, (versions[0], 0))
         await refused.aclose()
-        monkeypatch.setenv("TETHER_ENGINE_API_KEY", "s3cret-key")
+        monkeypatch.setenv("TETHER_TRAINER_ENGINE_API_KEY", "s3cret-key")
         keyed = EngineFleet(config)
         await keyed.deliver(versions[1], 1, (versions[0], 0))
         assert await keyed.replicas[0].held() == 1

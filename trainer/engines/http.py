@@ -2,7 +2,7 @@
 
 A replica behind a key (SGLang's `--api-key` or `--admin-api-key`, vLLM's
 `--api-key` for its /v1 routes) gets it as a bearer token from the
-trainer's environment, `TETHER_ENGINE_API_KEY`, never from a file.
+trainer's environment, `TETHER_TRAINER_ENGINE_API_KEY`, never from a file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import httpx
 from trainer.errors import EngineError
 
 Params = dict[str, str] | list[tuple[str, str]]
-API_KEY_ENV = "TETHER_ENGINE_API_KEY"
+API_KEY_ENV = "TETHER_TRAINER_ENGINE_API_KEY"
 
 
 class Http:
