@@ -57,7 +57,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     started = time.perf_counter()
     producer = EventProducer(settings.bus, client_id=f"gateway-{settings.gateway_id}")
     engines = EnginePool(settings.engines, retries=settings.engine_retries, timeout_s=settings.engine_timeout_s,
-                         api_key=settings.engine_api_key)
+                         api_key=settings.engine_api_key, hold_s=settings.max_hold_s)
     # Independent waits, at once: a restarted gateway's calls queue until it serves (infra/supervisor.py).
     try:
         tokenizer, model, _ = await asyncio.gather(asyncio.to_thread(ChatTokenizer.load, settings.tokenizer),

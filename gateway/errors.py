@@ -13,7 +13,8 @@
     └── Unavailable               503  the call was not served; Retry-After says when to try again
         ├── RecordingFailed            Kafka did not acknowledge the call's event
         ├── HeldTooLong                held during a weight update past the configured bound
-        └── HistoryUnavailable         a rollout this process does not hold could not be read back from Kafka
+        ├── HistoryUnavailable         a rollout this process does not hold could not be read back from Kafka
+        └── NoReplicaReady             no engine replica held the current weight version within the hold bound
 
 Each class names its status and its error type in both protocols in one line;
 the name differs from the event `schemas.events.RolloutSealed` on purpose.
@@ -97,4 +98,8 @@ class HeldTooLong(Unavailable):
 
 
 class HistoryUnavailable(Unavailable):
+    pass
+
+
+class NoReplicaReady(Unavailable):
     pass

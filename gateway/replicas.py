@@ -32,7 +32,11 @@ def held_version(kind: str, body: Mapping[str, Any]) -> int:
 
 
 def routable(held: Mapping[str, int | None], current: int) -> set[str]:
-    """Replicas that answered (None: they did not) with at least `current`. None routable: all of them, so calls
-    fail and retry as before rather than wait for a fleet that may never come back."""
+    """Replicas that answered (None: they did not) with at least `current`. None of them, but some answered with
+    an older version: no replica, and calls wait for the trainer to bring one up. None answered at all: every
+    replica, so calls fail and retry as they would without this check (an engine without the version route, or
+    a fleet that is down, is not made worse by it)."""
     ready = {url for url, version in held.items() if version is not None and version >= current}
-    return ready or set(held)
+    if ready or any(version is not None for version in held.values()):
+        return ready
+    return set(held)

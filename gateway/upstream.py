@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.errors import EngineFailed, InvalidRequest
+from gateway.errors import EngineFailed, InvalidRequest, NoReplicaReady
 from gateway.replicas import VERSION_ROUTE, held_version, routable
 
 log = logging.getLogger("tether.gateway")
@@ -34,7 +34,7 @@ class EnginePool:
     """aiohttp, not httpx: at hundreds of calls a second the client's own cost is the gateway's cost."""
 
     def __init__(self, urls: list[str], retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 600.0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, hold_s: float = 60.0) -> None:
         if not urls:
             raise ValueError("at least one engine URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
@@ -44,6 +44,9 @@ class EnginePool:
         self._session: aiohttp.ClientSession | None = None
         self._headers = {**_JSON, **({"authorization": f"Bearer {api_key}"} if api_key else {})}
         self.routable = list(self.urls)  # those a call may go to (`watch`)
+        self.hold_s = hold_s  # how long a call waits for a replica to hold the current version
+        self._ready = asyncio.Event()  # some replica is routable
+        self._ready.set()
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -55,6 +58,17 @@ class EnginePool:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    async def choose(self, rollout_id: str) -> str:
+        """`pick`, once some replica holds the current version (waiting up to `hold_s` for the trainer to bring
+        one up)."""
+        if not self.routable:
+            try:
+                await asyncio.wait_for(self._ready.wait(), self.hold_s)
+            except TimeoutError:
+                raise NoReplicaReady("no engine replica holds the current weight version (a restarted one is "
+                                     "being brought up); try again", retry_after_s=5.0) from None
+        return self.pick(rollout_id)
 
     def pick(self, rollout_id: str) -> str:
         if len(self.routable) == 1:
@@ -79,6 +93,10 @@ class EnginePool:
                 log.warning("engine replicas now routed to: %s (held: %s, current version %d)", ready, held,
                             current())
                 self.routable = [u for u in self.urls if u in ready]
+                if self.routable:
+                    self._ready.set()
+                else:
+                    self._ready.clear()
             await asyncio.sleep(every_s)
 
     async def model(self) -> str:
@@ -87,11 +105,12 @@ class EnginePool:
         return str(models["data"][0]["id"])
 
     async def complete(self, rollout_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._with_retries("POST", f"{self.pick(rollout_id)}/v1/completions", {**body, "stream": False})
+        url = await self.choose(rollout_id)
+        return await self._with_retries("POST", f"{url}/v1/completions", {**body, "stream": False})
 
     async def stream(self, rollout_id: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Engine chunks as they come; retried while nothing has been read yet."""
-        url = f"{self.pick(rollout_id)}/v1/completions"
+        url = f"{await self.choose(rollout_id)}/v1/completions"
         started = False
         for attempt in range(self.retries + 1):
             try:

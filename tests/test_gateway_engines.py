@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import EngineFailed, InvalidRequest
+from gateway.errors import EngineFailed, InvalidRequest, NoReplicaReady
 from gateway.replicas import held_version, routable
 from gateway.settings import GatewaySettings
 from gateway.upstream import EnginePool
@@ -164,11 +164,12 @@ def test_only_the_rollouts_of_a_replica_that_drops_out_move() -> None:
 
 @given(held=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.none() | st.integers(0, 5), min_size=1),
        current=st.integers(0, 5))
-def test_calls_go_to_replicas_holding_the_current_version_or_to_all_when_none_does(
+def test_calls_go_to_replicas_holding_the_current_version_or_wait_when_one_answered_behind(
         held: dict[str, int | None], current: int) -> None:
     ready = routable(held, current)
     up_to_date = {url for url, version in held.items() if version is not None and version >= current}
-    assert ready == (up_to_date or set(held))
+    answered = any(version is not None for version in held.values())
+    assert ready == (up_to_date if answered else set(held))  # none answered: as without the check
 
 
 @pytest.mark.parametrize(("kind", "body", "version"), [
@@ -182,7 +183,8 @@ def test_each_engine_says_its_version_in_its_own_words(kind: str, body: dict[str
 async def test_the_pool_routes_around_a_restarted_replica_until_it_holds_the_current_version(
         tiny_model: Path, tmp_path: Path) -> None:
     """Two vLLM replicas (the fake) at version 3; one restarts (its label back to "default"): the gateway's calls
-    all go to the other until the trainer labels it 3 again."""
+    all go to the other until the trainer labels it 3 again. With every replica behind, a call waits (up to the
+    hold bound, then a 503) until one is brought up."""
     servers = []
     for i in range(2):
         port = free_port()
@@ -207,6 +209,17 @@ async def test_the_pool_routes_around_a_restarted_replica_until_it_holds_the_cur
             assert {pool.pick(f"rollout-{i}") for i in range(50)} == set(urls)
             stop(servers[0][1])  # silent: routed around as well
             await routed([urls[1]])
+            await http.post(f"{urls[1]}/update_weight_version", json={"new_version": "default"})  # restarted too
+            await routed([])  # one answered, behind: calls wait for a replica to be brought up
+            pool.hold_s = 0.5
+            with pytest.raises(NoReplicaReady):
+                await pool.choose("rollout-1")
+            pool.hold_s = 10
+            waiting = asyncio.create_task(pool.choose("rollout-1"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            await http.post(f"{urls[1]}/update_weight_version", json={"new_version": "3"})  # brought up
+            assert await asyncio.wait_for(waiting, 10) == urls[1]
     finally:
         watch.cancel()
         await pool.close()
