@@ -50,7 +50,8 @@ from tests.fakes.held_weights import fingerprint, read_folder
 from tests.test_trainer_tracking import NAMES, tensorboard_scalars
 from trainer import checkpoint
 from trainer.advantages import ScoredGroups
-from trainer.config import TrainerConfig, load_config
+from trainer.config import EngineConfig, TrainerConfig, load_config
+from trainer.engines.fleet import EngineFleet
 from trainer.errors import ConfigError, UpdateFailed
 from trainer.learner import TorchLearner
 from trainer.loop import Control, Trainer
@@ -222,6 +223,59 @@ async def test_a_version_an_engine_refuses_is_aborted_rolled_back_and_trained_ag
     assert held["fingerprint"] == fingerprint(committed["refused"].items())
     for name, tensor in committed["clean"].items():
         torch.testing.assert_close(committed["refused"][name], tensor)
+
+
+async def test_every_call_is_stamped_with_the_version_the_vllm_replica_serving_it_holds(
+        bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
+    """The loop closed on vLLM (its fake, which answers "weights LABEL" with the label of the weights it holds):
+    a call before the update is served by the launch weights and recorded as version 0; the trainer hands version
+    1 over by vLLM's own routes and the next call is served by it and recorded as 1; the replica restarts onto its
+    launch weights, and a call then waits until the replica is brought up, served by version 1 again."""
+    port = free_port()
+    args = ["tests.fakes.vllm_rl", "--model", str(tiny_model), "--port", str(port), "--completions"]
+    url, fake = spawn(args, tmp_path / "vllm.log", "FakeVLLM", port)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    try:
+        with gateway(bus, RunningEngine(url, str(tiny_model), fake), tiny_model, tmp_path / "gateway.log",
+                     run_id=run_id, TETHER_GATEWAY_ENGINE_KIND="vllm", TETHER_GATEWAY_ENGINE_CHECK_S="0.2") as gw:
+            async with httpx.AsyncClient(timeout=60) as http:
+                async def call(rollout_id: str) -> str:
+                    token = await asyncio.to_thread(gw.register, rollout_id)
+                    reply = await http.post(f"{gw.url}/v1/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32},
+                        headers={"authorization": f"Bearer {token}"})
+                    assert reply.status_code == 200, reply.text
+                    return str(reply.json()["choices"][0]["message"]["content"])
+
+                assert await call(f"{run_id}-before") == "weights default"
+                async with EventProducer(bus) as producer:
+                    await producer.publish_many(task_groups(run_id, 2))
+                config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
+                                       engine={"kind": "vllm", "urls": [url]}, batch_groups=2,
+                                       max_updates=1, zero_variance="keep")
+                await Trainer(config, bus).run()
+                async with asyncio.timeout(30):
+                    while (await http.get(f"{gw.url}/admin/state", headers=gw.admin())).json()["weight_version"] < 1:  # noqa: ASYNC110  # polled: no event to wait on
+                        await asyncio.sleep(0.2)
+                assert await call(f"{run_id}-after") == "weights 1"
+
+                stop(fake)
+                url, fake = spawn(args, tmp_path / "vllm-restarted.log", "FakeVLLM", port)
+                waiting = asyncio.create_task(call(f"{run_id}-restarted"))
+                await asyncio.sleep(2.0)
+                assert not waiting.done()  # not served by the launch weights under version 1's stamp
+                fleet = EngineFleet(EngineConfig(kind="vllm", urls=[url]))  # as the trainer's watcher does
+                assert await fleet.bring_up(config.run_dir / "v000001", 1) == [url]
+                await fleet.aclose()
+                assert await asyncio.wait_for(waiting, 30) == "weights 1"
+    finally:
+        stop(fake)
+    stamped: dict[str, int] = {}
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
+        async for received in consumer.read_to_end():
+            if isinstance(received.event, ModelCall) and received.event.rollout_id.startswith(run_id):
+                stamped[received.event.rollout_id.removeprefix(f"{run_id}-")] = received.event.weight_version
+    assert stamped == {"before": 0, "after": 1, "restarted": 1}
 
 
 async def test_an_update_waits_for_the_validation_of_the_version_served_and_the_loggers_get_each_round(

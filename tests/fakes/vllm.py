@@ -15,9 +15,10 @@ prompt (the last reply once the script runs out), so an agent loop of
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvicorn
@@ -34,10 +35,7 @@ def tool_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    end, tool_results = (int(tokenizer.convert_tokens_to_ids(t))  # type: ignore[arg-type]
-                         for t in (tokenizer.eos_token, "<tool_response>"))
-    scripted: list[list[int]] = [[*tokenizer(text, add_special_tokens=False)["input_ids"], end] for text in replies]
+    """The scripted replies: the k-th where k tool results are in the prompt (the last once they run out)."""
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -48,12 +46,32 @@ def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    tool_results: list[int] = []
+
+    def scripted(prompt: list[int]) -> str:
+        return replies[min(prompt.count(tool_results[0]), len(replies) - 1)]
+
+    tokenizer = add_completions(app, tokenizer_dir, scripted)
+    tool_results.append(int(tokenizer.convert_tokens_to_ids("<tool_response>")))
+    return app
+
+
+def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]], str]) -> Any:
+    """vLLM's /v1/completions on `app`, answering each token-id prompt with `reply(prompt)` at once (its token
+    ids, ending with the end-of-turn token, each with logprob -0.5); the tokenizer, for the caller's own use."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    end = int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))  # type: ignore[arg-type]
+
+    @functools.lru_cache(maxsize=64)  # at once means at once: the benches time the gateway, not this tokenizer
+    def encode(text: str) -> list[int]:
+        return [*tokenizer(text, add_special_tokens=False)["input_ids"], end]
+
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> JSONResponse | StreamingResponse:
         body: dict[str, Any] = json.loads(await request.body())
         prompt: list[int] = body["prompt"]
         choices: list[dict[str, Any]] = []
-        turn = scripted[min(prompt.count(tool_results), len(scripted) - 1)]
+        turn = encode(reply(prompt))
         for index in range(body.get("n") or 1):
             ids = turn[: body.get("max_tokens") or len(turn)]
             choices.append({"index": index, "text": tokenizer.decode(ids, skip_special_tokens=True),
@@ -75,7 +93,7 @@ def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    return app
+    return tokenizer
 
 
 def main() -> None:

@@ -7,7 +7,10 @@ validation and 500 for a worker's refusal, both in the OpenAI error envelope. Th
 gloo with the trainer's `TorchGroup` (vLLM's own is NCCL through PyNccl, which needs GPUs). Routes under /fake/
 are the fake's (`tests/fakes/held_weights.py`).
 
-    python -m tests.fakes.vllm_rl --model DIR --port 8300
+    python -m tests.fakes.vllm_rl --model DIR --port 8300 [--completions]
+
+With --completions it also answers /v1/completions (`tests/fakes/vllm.py`) with "weights LABEL", the label
+of the weights it holds: a test reads from each recorded call which weights served it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from tests.fakes.held_weights import HeldWeights, read_folder
+from tests.fakes.vllm import add_completions
 from trainer.engines.broadcast import TorchGroup, vllm_gloo_name
 
 INIT_KEYS = ("master_address", "master_port", "rank_offset", "world_size")
@@ -206,8 +210,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--completions", action="store_true", help='answer /v1/completions with "weights LABEL"')
     args = parser.parse_args()
-    app = create_app(HeldWeights(args.model))
+    held = HeldWeights(args.model)
+    app = create_app(held)
+    if args.completions:
+        add_completions(app, str(args.model), lambda prompt: f"weights {held.label}")
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
