@@ -31,12 +31,12 @@ def held_version(kind: str, body: Mapping[str, Any]) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def routable(held: Mapping[str, int | None], current: int) -> set[str]:
-    """Replicas that answered (None: they did not) with at least `current`. None of them, but some answered with
-    an older version: no replica, and calls wait for the trainer to bring one up. None answered at all: every
-    replica, so calls fail and retry as they would without this check (an engine without the version route, or
-    a fleet that is down, is not made worse by it)."""
+def routable(held: Mapping[str, int | None], current: int, answered_before: bool) -> set[str]:
+    """Replicas that answered (None: they did not) with at least `current`. If none did, but some replica ever
+    answered the version route (now or before: one that is down may come back on its launch weights): no
+    replica, and calls wait for the trainer to bring one up. If no replica ever answered it (an engine without
+    the route): every replica, so calls go as they would without this check."""
     ready = {url for url, version in held.items() if version is not None and version >= current}
-    if ready or any(version is not None for version in held.values()):
+    if ready or answered_before or any(version is not None for version in held.values()):
         return ready
     return set(held)

@@ -47,6 +47,7 @@ class EnginePool:
         self.hold_s = hold_s  # how long a call waits for a replica to hold the current version
         self._ready = asyncio.Event()  # some replica is routable
         self._ready.set()
+        self._answered = False  # some replica has answered the version route (then silence is not consent)
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -88,7 +89,8 @@ class EnginePool:
                         held[url] = held_version(kind, _parse(await response.read())) if response.ok else None
                 except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
                     held[url] = None
-            ready = sorted(routable(held, current()))
+            ready = sorted(routable(held, current(), self._answered))
+            self._answered = self._answered or any(version is not None for version in held.values())
             if ready != sorted(self.routable):
                 log.warning("engine replicas now routed to: %s (held: %s, current version %d)", ready, held,
                             current())

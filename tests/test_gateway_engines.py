@@ -163,13 +163,14 @@ def test_only_the_rollouts_of_a_replica_that_drops_out_move() -> None:
 
 
 @given(held=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.none() | st.integers(0, 5), min_size=1),
-       current=st.integers(0, 5))
+       current=st.integers(0, 5), answered_before=st.booleans())
 def test_calls_go_to_replicas_holding_the_current_version_or_wait_when_one_answered_behind(
-        held: dict[str, int | None], current: int) -> None:
-    ready = routable(held, current)
+        held: dict[str, int | None], current: int, answered_before: bool) -> None:
+    ready = routable(held, current, answered_before)
     up_to_date = {url for url, version in held.items() if version is not None and version >= current}
-    answered = any(version is not None for version in held.values())
-    assert ready == (up_to_date if answered else set(held))  # none answered: as without the check
+    answered = answered_before or any(version is not None for version in held.values())
+    assert ready == (up_to_date if answered else set(held))  # never answered: as without the check
+    assert ready <= set(held)
 
 
 @pytest.mark.parametrize(("kind", "body", "version"), [
@@ -208,6 +209,15 @@ async def test_the_pool_routes_around_a_restarted_replica_until_it_holds_the_cur
             await routed(urls)
             assert {pool.pick(f"rollout-{i}") for i in range(50)} == set(urls)
             stop(servers[0][1])  # silent: routed around as well
+            await routed([urls[1]])
+            stop(servers[1][1])  # every replica silent, after they had answered: they may come back on launch
+            await routed([])     # weights, so calls wait rather than go to them unchecked
+            servers[1] = spawn(["tests.fakes.vllm_rl", "--model", str(tiny_model), "--port",
+                                urls[1].rsplit(":", 1)[1]], tmp_path / "vllm1-restarted.log", "FakeVLLM",
+                               int(urls[1].rsplit(":", 1)[1]))
+            await asyncio.sleep(0.5)
+            assert pool.routable == []  # back, on its launch weights ("default"): still not routed to
+            await http.post(f"{urls[1]}/update_weight_version", json={"new_version": "3"})
             await routed([urls[1]])
             await http.post(f"{urls[1]}/update_weight_version", json={"new_version": "default"})  # restarted too
             await routed([])  # one answered, behind: calls wait for a replica to be brought up
