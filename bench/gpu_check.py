@@ -136,7 +136,7 @@ async def main() -> int:
         staged = learner.stage(config.run_dir, state)
         disk = EngineFleet(EngineConfig(kind="tether", urls=[engine_url], collocated=True))
         started = time.perf_counter()
-        await disk.before_update()
+        await disk.before_update((model, 0))
         slept = time.perf_counter() - started
         started = time.perf_counter()
         await disk.deliver(staged, args.updates, (model, 0))

@@ -42,6 +42,7 @@ WIRE = {
                                 "/continue_generation"],
 }
 RECEIVE = {"vllm": "/update_weights", "sglang": "/update_weights_from_distributed"}
+SLEEP = {"vllm": "/sleep", "sglang": "/release_memory_occupation"}
 
 
 @dataclass
@@ -270,7 +271,15 @@ async def test_collocated_replicas_sleep_while_the_trainer_trains(
     logs: list[list[str]] = [[], []]
     engines = fleet(kind, transfer, servers, logs, collocated=True)
     try:
-        await engines.before_update()
+        if kind != "tether":  # a replica that refuses to sleep: every replica awake again on the committed version
+            await servers[1].fail(SLEEP[kind])
+            with pytest.raises(EngineError):
+                await engines.before_update((versions[0], 0))
+            await holds(engines, servers, versions[0], 0)
+            assert await engines.bring_up(versions[0], 0) == []  # and not taken for the trainer's turn
+            for log in logs:
+                log.clear()
+        await engines.before_update((versions[0], 0))
         for server in servers:
             assert await server.sleeping(), server.url
         assert await engines.bring_up(versions[1], 1) == []  # not while the trainer has the accelerators

@@ -281,7 +281,10 @@ class Trainer:
         await self._wait_drained(run.producer, version)
         drained = time.monotonic()
         if run.engine is not None:
-            await run.engine.before_update()  # collocated: the replicas give up the accelerators
+            try:  # collocated: the replicas give up the accelerators
+                await run.engine.before_update(self._committed())
+            except EngineError as exc:  # nothing trained yet: the replicas are awake on the committed version
+                raise UpdateFailed(f"the engine replicas did not make way for version {version}: {exc}") from exc
         # nothing chosen, nothing learnt: the version still advances, so the record stays one update per batch
         metrics = await asyncio.to_thread(run.backend.update, scored, state.version)
         updated = time.monotonic()

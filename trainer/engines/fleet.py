@@ -74,14 +74,22 @@ class EngineFleet:
 
     # -- the hand-over --------------------------------------------------------------
 
-    async def before_update(self) -> None:
-        """Collocated: the replicas stop and give up their accelerator memory while the trainer trains."""
+    async def before_update(self, committed: tuple[Path, int]) -> None:
+        """Collocated: the replicas stop and give up their accelerator memory while the trainer trains. A replica
+        that refuses puts every replica back, awake, on `committed` (a sleep at level 2 dropped the weights), and
+        the failure is raised."""
         if not self.config.collocated:
             return
         async with self._lock:
             self._asleep = True
-            await self._all(lambda r: r.pause())
-            await self._all(lambda r: r.sleep(self.config.sleep_level))
+            try:
+                await self._all(lambda r: r.pause())
+                await self._all(lambda r: r.sleep(self.config.sleep_level))
+            except EngineError as exc:
+                log.warning("the replicas could not all sleep (%s): waking them on version %d", exc, committed[1])
+                await self._restore(*committed)
+                self._asleep = False
+                raise
 
     async def deliver(self, folder: Path, version: int, fallback: tuple[Path, int]) -> None:
         """Version `version` (staged in `folder`) onto every replica. On failure every replica is put back on
