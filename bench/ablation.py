@@ -42,9 +42,9 @@ from rich.table import Table
 from transformers import AutoTokenizer
 
 from trainer.advantages import ScoredGroups, calls_of
-from trainer.batch import select
 from trainer.config import TrainerConfig
 from trainer.learner import TorchLearner
+from trainer.selection import select
 
 from _shared import RESULTS, pyplot
 

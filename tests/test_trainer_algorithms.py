@@ -16,7 +16,8 @@ from schemas.events import RolloutSample, Segment, TaskGroup
 from tests.factories import T0
 from trainer.advantages import AdvantageRecipe, ScoredGroups
 from trainer.algorithms import LossConfig, per_task_weights, policy_loss, rollout_advantages
-from trainer.batch import build_batch, select
+from trainer.batch import build_batch
+from trainer.selection import select
 from trainer.step import StepConfig, token_log_probs, update
 
 rewards = st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=8)

@@ -27,7 +27,8 @@ from stream_processors.join import RolloutJoin, call_of
 from tests.factories import T0, example
 from trainer.advantages import AdvantageRecipe, ScoredGroups
 from trainer.algorithms import Credit, call_advantages, call_returns, rollout_advantages
-from trainer.batch import build_batch, select
+from trainer.batch import build_batch
+from trainer.selection import select
 
 reward = st.floats(-5, 5, allow_nan=False)
 steps = st.dictionaries(st.integers(0, 6), reward, max_size=7)

@@ -48,7 +48,8 @@ from tests.loss_weights import (
 )
 from trainer.advantages import AdvantageRecipe, ScoredGroups
 from trainer.algorithms import Credit, LossMode
-from trainer.batch import build_batch, select
+from trainer.batch import build_batch
+from trainer.selection import select
 
 MODES: tuple[LossMode, ...] = get_args(LossMode)
 VARIANTS = ("merged", "by calls", "per call", "cut")

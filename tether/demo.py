@@ -43,6 +43,7 @@ ROOT = Path(__file__).parent.parent
 AGENT = ROOT / "examples" / "openai_agent.py"
 LOOKUP = ROOT / "examples" / "lookup_task.py"
 NO_SIGNAL_UPDATES = 3  # all rewards 0 for this many updates: stop rather than spend the rest of the budget
+FILL_CAP = 3  # with fill signal, an update takes at most this many batches' worth of groups
 VALIDATION_WAIT_S = 600  # for the controller's round of the last version, after the last update
 Task = Literal["letters", "lookup"]
 #: Each task's settings where the environment names none.
@@ -55,9 +56,12 @@ PRESETS: dict[Task, dict[str, Any]] = {
     # half the training tasks three lookups deep, and K=16: with uniform depths and K=8 the policy learned "submit
     # after the second lookup" from the shallow tasks long before a deep group had a success to learn from (held-out
     # 0.70 after 45 updates, depth 3 at 0.00); bench/ablation.py --train-depths measures it
+    # fill signal: about 6 groups in 10 have all rewards equal at the start, so an update of the next 8 groups
+    # learnt from 0 to 5 of them (median 2), and where the held-out curve got to by v30 varied from run to run
+    # (0.11 to 1.00 on verl); each update now learns from 8
     "lookup": {"updates": 30, "copy_steps": 1800, "warm_steps": 500, "lr": 2e-4, "max_turns": 6, "group_size": 16,
                "training_depths": [1, 2, 3, 3], "validate_every": 5, "validation_tasks": 64,
-               "validation_temperatures": [0.0]},
+               "validation_temperatures": [0.0], "fill": "signal"},
 }
 
 
@@ -69,6 +73,9 @@ class DemoSettings(BaseSettings):
     home: Path = Path(".tether")
     group_size: int = Field(8, ge=2)
     batch_groups: int = Field(8, ge=1)
+    fill: Literal["groups", "signal"] = Field(
+        "groups", description="groups: each update takes the next B groups; signal: groups until B have rewards "
+                              "that differ (at most 3 B).")
     updates: int = Field(ge=1)
     concurrency: int = Field(8, ge=1)
     copy_steps: int = Field(ge=0, description="Steps teaching the tiny model to copy before the warm-start (0: none).")
@@ -217,7 +224,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     demo_task = _task_module(settings)
     make = demo_task.make
     rng = random.Random(settings.seed)
-    n_tasks = settings.batch_groups * (settings.updates + 2)
+    n_tasks = settings.batch_groups * (settings.updates + 2) * (FILL_CAP if settings.fill == "signal" else 1)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "tasks.jsonl").write_text("".join(json.dumps(demo_task.train(rng, i)) + "\n" for i in range(n_tasks)))
     held_out = random.Random(f"held-out-{settings.seed}")  # tasks no update trains on: drawn apart
@@ -227,7 +234,8 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
         "kl_coef": settings.kl_coef if settings.backend == "torch" else 0.0,  # verl's has no reference workers
         "epochs": settings.epochs, "mini_batches": settings.mini_batches,
-        "max_staleness": 2, "zero_variance": "drop", "backend": settings.backend, "workers": settings.workers,
+        "max_staleness": 2, "zero_variance": "drop", "fill": settings.fill,
+        "max_fill_groups": settings.batch_groups * FILL_CAP, "backend": settings.backend, "workers": settings.workers,
         "validation_wait_s": 300})
     stack = Stack(stack_settings)
     try:

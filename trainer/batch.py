@@ -11,43 +11,17 @@ within a row, `segment_ids` keep attention inside each segment
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from verl import DataProto
 
-from schemas.events import Segment, TaskGroup
-from trainer.advantages import OUTCOME, AdvantageRecipe, ScoredGroups, has_signal
+from schemas.events import Segment
+from trainer.advantages import ScoredGroups
 from trainer.algorithms import LossMode, per_task_weights
 
 FIELDS = ("input_ids", "position_ids", "segment_ids", "targets", "loss_mask", "behaviour_log_probs", "versions",
           "advantages", "token_weights")
-
-
-@dataclass
-class Selection:
-    """What went into a batch and what did not, for metrics."""
-    groups: list[TaskGroup] = field(default_factory=list)
-    no_signal: int = 0  # groups whose rewards were all equal (or a single rollout)
-    stale: int = 0  # groups older than max_staleness
-
-
-def select(groups: list[TaskGroup], version: int, max_staleness: int, zero_variance: str = "drop",
-           recipe: AdvantageRecipe = OUTCOME) -> Selection:
-    """Drop groups with tokens sampled more than `max_staleness` versions ago, and (by policy) no-signal groups."""
-    out = Selection()
-    for group in groups:
-        versions = [v for r in group.rollouts for s in r.segments
-                    for v, m in zip(s.weight_versions, s.loss_mask, strict=True) if m]
-        if versions and version - min(versions) > max_staleness:
-            out.stale += 1
-            continue
-        if not has_signal(group, recipe):
-            out.no_signal += 1
-            if zero_variance == "drop":
-                continue
-        out.groups.append(group)
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)

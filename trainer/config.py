@@ -68,6 +68,12 @@ class TrainerConfig(BaseModel):
     max_updates: int | None = Field(None, ge=1, description="Stop after this many updates (default: run on).")
     max_staleness: int = Field(2, ge=0, description="Drop task groups sampled more versions ago than this.")
     zero_variance: Literal["drop", "keep"] = "drop"
+    fill: Literal["groups", "signal"] = Field(
+        "groups", description="groups: an update takes the next B task groups; signal: it takes groups until B "
+                              "of them are fresh and have rewards that differ (DAPO's dynamic sampling), or "
+                              "max_fill_groups in all, whichever comes first.")
+    max_fill_groups: int | None = Field(None, ge=1, description="With fill: signal, the most groups one update "
+                                                                "takes (default 4 B).")
     normalise_by_std: bool = True
     credit: Literal["outcome", "per-call"] = Field(
         "outcome", description="outcome: the episode's reward, broadcast to every call; per-call: each call's "
@@ -146,6 +152,20 @@ class TrainerConfig(BaseModel):
             raise ValueError("kl_coef: the verl backend starts no reference workers, so it cannot apply a KL "
                              "penalty; set kl_coef: 0 or use backend torch")
         return self
+
+    @model_validator(mode="after")
+    def _fill_cap_holds_a_batch(self) -> TrainerConfig:
+        if self.max_fill_groups is not None and self.max_fill_groups < self.batch_groups:
+            raise ValueError(f"max_fill_groups ({self.max_fill_groups}) is below batch_groups "
+                             f"({self.batch_groups}): an update could never fill its batch")
+        return self
+
+    @property
+    def fill_cap(self) -> int:
+        """The most task groups one update takes."""
+        if self.fill == "groups":
+            return self.batch_groups
+        return self.max_fill_groups if self.max_fill_groups is not None else 4 * self.batch_groups
 
     @property
     def run_dir(self) -> Path:

@@ -46,13 +46,13 @@ from schemas.settings import BusSettings
 from trainer import checkpoint
 from trainer.advantages import ScoredGroups
 from trainer.backend import UpdateBackend, open_backend
-from trainer.batch import select
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.engines.fleet import EngineFleet
 from trainer.errors import DrainTimeout, EngineError, UpdateFailed
 from trainer.learner import pick_device
 from trainer.metrics import UpdateRecord
+from trainer.selection import Verdict, batch_size, select, verdict
 from trainer.tracking import Timing, Tracker, open_tracking, scalars, validation_scalars
 
 log = logging.getLogger("tether.trainer")
@@ -240,14 +240,22 @@ class Trainer:
                     continue  # a repeat (the processors deliver at least once): trained or queued already
                 queued.add(group.group_id)
                 buffer.append((group, TopicPartition(received.topic, received.partition), received.offset))
-            while len(buffer) >= self.config.batch_groups:
-                taken, buffer = buffer[:self.config.batch_groups], buffer[self.config.batch_groups:]
+            while (size := self._batch_size(buffer, state.version)) is not None:
+                taken, buffer = buffer[:size], buffer[size:]
                 for _, tp, offset in taken:  # resume just past what this update used
                     state.offsets[str(tp.partition)] = max(state.offsets.get(str(tp.partition), 0), offset + 1)
                 await self._update_retrying(run, [g for g, _, _ in taken])
                 queued.difference_update(g.group_id for g, _, _ in taken)
                 if self._done(state):
                     return
+
+    def _batch_size(self, buffer: list[tuple[TaskGroup, TopicPartition, int]], version: int) -> int | None:
+        """How many buffered groups the next update takes (`trainer.selection.batch_size`); None: wait."""
+        config = self.config
+        cap = config.fill_cap
+        verdicts: list[Verdict] = [verdict(g, version, config.max_staleness, config.advantage)
+                                   for g, _, _ in buffer[:cap]] if config.fill == "signal" else ["train"] * len(buffer)
+        return batch_size(verdicts, config.batch_groups, config.fill, cap)
 
     def _done(self, state: TrainerState) -> bool:
         return self.config.max_updates is not None and len(state.history) >= self.config.max_updates
