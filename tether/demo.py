@@ -56,12 +56,11 @@ PRESETS: dict[Task, dict[str, Any]] = {
     # half the training tasks three lookups deep, and K=16: with uniform depths and K=8 the policy learned "submit
     # after the second lookup" from the shallow tasks long before a deep group had a success to learn from (held-out
     # 0.70 after 45 updates, depth 3 at 0.00); bench/ablation.py --train-depths measures it
-    # fill signal: about 6 groups in 10 have all rewards equal at the start, so an update of the next 8 groups
-    # learnt from 0 to 5 of them (median 2), and where the held-out curve got to by v30 varied from run to run
-    # (0.11 to 1.00 on verl); each update now learns from 8
+    # TETHER_DEMO_FILL=signal (8 groups with signal per update) was tried on verl: the policy collapsed at v2 (the
+    # `\n` after `<tool_call>` from 0.9999 to 0.0025; bench/replay_updates.py replays it, on both backends alike)
     "lookup": {"updates": 30, "copy_steps": 1800, "warm_steps": 500, "lr": 2e-4, "max_turns": 6, "group_size": 16,
                "training_depths": [1, 2, 3, 3], "validate_every": 5, "validation_tasks": 64,
-               "validation_temperatures": [0.0], "fill": "signal"},
+               "validation_temperatures": [0.0]},
 }
 
 
