@@ -2,7 +2,8 @@
 to the policy, side by side with what the run recorded.
 
     tether kafka up   # the run's topics
-    .venv/bin/python bench/replay_updates.py --run RUN [--updates 2] [--backends torch verl] [--kl-coef X] [--lr X]
+    .venv/bin/python bench/replay_updates.py --run RUN [--updates 2] [--backends torch verl]
+        [--kl-coef X] [--lr X] [--epochs N] [--adam-eps X]
 
 The groups of update v are those the run's last checkpoint says v trained (`state.json`, `trained`), read back
 from `tether.samples` and selected as the trainer selects them; the settings are the run's `trainer.yaml`
@@ -87,12 +88,13 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float)
     parser.add_argument("--lr", type=float)
     parser.add_argument("--epochs", type=int)
+    parser.add_argument("--adam-eps", type=float)
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
     args = parser.parse_args()
 
     run_dir = args.home / "runs" / args.run
     settings = yaml.safe_load((run_dir / "trainer.yaml").read_text())
-    given = (("kl_coef", args.kl_coef), ("lr", args.lr), ("epochs", args.epochs))
+    given = (("kl_coef", args.kl_coef), ("lr", args.lr), ("epochs", args.epochs), ("adam_eps", args.adam_eps))
     overrides = {k: v for k, v in given if v is not None}
     latest = checkpoint.latest(run_dir / "checkpoints" / args.run)
     if latest is None:
@@ -103,7 +105,8 @@ def main() -> None:
     task = json.loads((run_dir / "held_out.jsonl").read_text().splitlines()[0])
     probe = Probe(Path(settings["model"]), task)
     print(f"run {args.run}; probe: the starting model's greedy first call on {task['id']}: {probe.text()!r}")
-    print("settings: " + ", ".join(f"{k} {overrides.get(k, settings.get(k))}" for k in ("lr", "epochs", "kl_coef")))
+    shown = ("lr", "epochs", "kl_coef", "adam_eps")
+    print("settings: " + ", ".join(f"{k} {overrides.get(k, settings.get(k))}" for k in shown))
     print(f"{'who':<8} {'v':>2} {'groups':>6} {'loss':>9} {'grad':>7} {'clip':>7}  weakest probe token")
     for v, row in enumerate(state.history[:args.updates], start=1):
         folder = run_dir / "checkpoints" / args.run / f"v{v:06d}"
@@ -115,8 +118,8 @@ def main() -> None:
 
 def replay(name: str, settings: dict[str, Any], overrides: dict[str, Any], state: TrainerState,
            groups: dict[str, TaskGroup], probe: Probe, updates: int) -> None:
-    names = ("model", "lr", "epochs", "mini_batches", "kl_coef", "batch_groups", "workers", "max_staleness",
-             "zero_variance")
+    names = ("model", "lr", "epochs", "mini_batches", "kl_coef", "adam_eps", "batch_groups", "workers",
+             "max_staleness", "zero_variance")
     keep: dict[str, Any] = {k: settings[k] for k in names if k in settings}
     config = TrainerConfig(run_id="replay", backend=name, checkpoint_dir=Path(tempfile.mkdtemp()),
                            **{**keep, **overrides})

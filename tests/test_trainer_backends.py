@@ -265,3 +265,18 @@ def test_both_backends_reach_the_same_policy_with_two_epochs(tiny_model: Path, t
         assert abs(moved) > 1e-3  # two steps moved it
         assert response_log_prob(after, response) == pytest.approx(response_log_prob(learner.model, response),
                                                                    abs=2e-3 + 0.05 * abs(moved))
+
+
+def test_adam_eps_damps_the_step_on_gradients_near_zero(tiny_model: Path, tmp_path: Path) -> None:
+    """Adam scales each coordinate's step to about lr however small its gradient; with `adam_eps` above the
+    gradients' size the same batch moves the policy much less."""
+    moved = []
+    for eps in (1e-8, 1.0):
+        config = config_for(tiny_model, tmp_path / f"runs-{eps}").model_copy(update={"adam_eps": eps})
+        learner = TorchLearner.load(config, torch.device("cpu"), None)
+        assert learner.optimizer.param_groups[0]["eps"] == eps
+        scored = ScoredGroups.of(stale_good_vs_bad(learner.model))
+        before = response_log_prob(learner.model, GOOD)
+        learner.update(scored, version=0)
+        moved.append(abs(response_log_prob(learner.model, GOOD) - before))
+    assert moved[1] < moved[0] / 10

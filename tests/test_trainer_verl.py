@@ -72,6 +72,8 @@ def test_verl_s_own_defaults_carry_the_run_s_settings() -> None:
     assert (c.actor.strategy, c.actor.fsdp_config.strategy) == ("fsdp2", "fsdp2")  # FSDP1 refuses CPU params
     assert c.actor.optim.lr == 0.01 and c.actor.ppo_epochs == 2 and c.actor.optim.clip_grad == CONFIG.max_grad_norm
     assert c.model.override_config.attn_implementation == "sdpa"  # flash attention is GPU-only
+    assert actor_config(CONFIG.model_copy(update={"adam_eps": 1e-5}), world_size=2, cpu=True
+                        ).actor.optim.override_optimizer_config.eps == 1e-5  # verl's AdamW takes it as given
     assert c.actor.ppo_micro_batch_size_per_gpu == MICRO_BATCH and c.rollout.name == "vllm"
     gpu = actor_config(CONFIG, world_size=8, cpu=False)
     assert gpu.actor.fsdp_config.dtype == "bfloat16" and gpu.model.override_config.attn_implementation == \

@@ -56,11 +56,14 @@ PRESETS: dict[Task, dict[str, Any]] = {
     # half the training tasks three lookups deep, and K=16: with uniform depths and K=8 the policy learned "submit
     # after the second lookup" from the shallow tasks long before a deep group had a success to learn from (held-out
     # 0.70 after 45 updates, depth 3 at 0.00); bench/ablation.py --train-depths measures it
-    # TETHER_DEMO_FILL=signal (8 groups with signal per update) was tried on verl: the policy collapsed at v2 (the
-    # `\n` after `<tool_call>` from 0.9999 to 0.0025; bench/replay_updates.py replays it, on both backends alike)
+    # fill signal: each update learns from 8 groups whose rewards differ (with fill groups, 0 to 5 of each 8, median
+    # 2; where verl got by v30 varied from 0.11 to 1.00). Tried alone, the policy collapsed at v2: the `\n` after
+    # `<tool_call>` opens every call, failing rollouts make more calls, and Adam took its tiny negative gradient to a
+    # full step (0.9999 → 0.0021; bench/replay_updates.py replays it, on both backends alike); adam_eps 1e-5 leaves
+    # such near-zero gradients nearly still
     "lookup": {"updates": 30, "copy_steps": 1800, "warm_steps": 500, "lr": 2e-4, "max_turns": 6, "group_size": 16,
                "training_depths": [1, 2, 3, 3], "validate_every": 5, "validation_tasks": 64,
-               "validation_temperatures": [0.0]},
+               "validation_temperatures": [0.0], "fill": "signal", "adam_eps": 1e-5},
 }
 
 
@@ -81,6 +84,7 @@ class DemoSettings(BaseSettings):
     warm_steps: int = Field(ge=0)
     lr: float = Field(gt=0)
     kl_coef: float = 0.01
+    adam_eps: float = Field(1e-8, gt=0)
     epochs: int = Field(2, ge=1)
     mini_batches: int = Field(1, ge=1)
     max_turns: int = Field(ge=1, description="The agent's model calls per rollout at most.")
@@ -232,7 +236,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     stack_settings = StackSettings(run_id=settings.run_id, home=settings.home, model=warm, trainer={
         "batch_groups": settings.batch_groups, "max_updates": settings.updates, "lr": settings.lr,
         "kl_coef": settings.kl_coef if settings.backend == "torch" else 0.0,  # verl's has no reference workers
-        "epochs": settings.epochs, "mini_batches": settings.mini_batches,
+        "epochs": settings.epochs, "mini_batches": settings.mini_batches, "adam_eps": settings.adam_eps,
         "max_staleness": 2, "zero_variance": "drop", "fill": settings.fill,
         "max_fill_groups": settings.batch_groups * FILL_CAP, "backend": settings.backend, "workers": settings.workers,
         "validation_wait_s": 300})

@@ -87,6 +87,9 @@ class TrainerConfig(BaseModel):
     loss_mode: Literal["per-task", "token-mean", "seq-mean-token-mean"] = "per-task"
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW's epsilon. Adam scales every coordinate's step to about "
+                                                    "lr however small its gradient; a larger epsilon leaves those "
+                                                    "near zero (tokens the policy is already sure of) nearly still.")
     max_grad_norm: float = Field(1.0, gt=0)
     clip_low: float = Field(0.2, gt=0)
     clip_high: float = Field(0.28, gt=0)

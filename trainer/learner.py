@@ -58,7 +58,8 @@ class TorchLearner:
         always the starting model."""
         torch.manual_seed(config.seed)
         model = _pretrained(found or config.model, device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                      eps=config.adam_eps)
         if found is not None:
             optimizer.load_state_dict(torch.load(found / "optimizer.pt", map_location=device))
         reference = None

@@ -69,7 +69,8 @@ def actor_config(config: TrainerConfig, world_size: int, cpu: bool) -> DictConfi
             "ppo_mini_batch_size": world_size, "ppo_micro_batch_size_per_gpu": MICRO_BATCH,
             "ppo_epochs": config.epochs, "shuffle": False, "use_torch_compile": False, "entropy_coeff": 0.0,
             "calculate_entropy": True, "grad_clip": config.max_grad_norm,
-            "optim": {"lr": config.lr, "weight_decay": config.weight_decay, "clip_grad": config.max_grad_norm},
+            "optim": {"lr": config.lr, "weight_decay": config.weight_decay, "clip_grad": config.max_grad_norm,
+                      "override_optimizer_config": {"eps": config.adam_eps}},
             "fsdp_config": {"strategy": "fsdp2", "dtype": dtype, "model_dtype": "fp32", "use_torch_compile": False,
                             "seed": config.seed,
                             # on the CPU bfloat16 buys nothing and costs the logprobs' precision
