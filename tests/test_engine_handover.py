@@ -326,7 +326,9 @@ def test_buckets_cover_every_tensor_once_within_the_limit(versions: dict[int, Pa
     limit = max(t.numel() * t.element_size() for t in tensors.values())
     seen: dict[str, torch.Tensor] = {}
     for bucket in buckets(versions[1], limit):
-        assert len(bucket.tensors) == 1 or sum(t.numel() * t.element_size() for t in bucket.tensors) <= limit
-        assert bucket.dtype_names == [str(t.dtype).removeprefix("torch.") for t in bucket.tensors]
-        seen.update(zip(bucket.names, bucket.tensors, strict=True))
+        read = bucket.read()
+        assert len(read) == 1 or sum(t.numel() * t.element_size() for t in read) <= limit
+        assert bucket.dtype_names == [str(t.dtype).removeprefix("torch.") for t in read]
+        assert bucket.shapes == [list(t.shape) for t in read]
+        seen.update(zip(bucket.names, read, strict=True))
     assert fingerprint(seen.items()) == fingerprint(tensors.items())

@@ -12,17 +12,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from infra.processes import free_port, stop
 from schemas.events import RolloutSample, Segment, TaskGroup, TrainerStep
+from tests.conftest import spawn
 from tests.factories import T0
+from tests.fakes.held_weights import fingerprint, read_folder
 from trainer import checkpoint
 from trainer.advantages import ScoredGroups
 from trainer.backend import UpdateBackend
 from trainer.checkpoint import TrainerState
-from trainer.config import TrainerConfig
+from trainer.config import EngineConfig, TrainerConfig
+from trainer.engines.base import buckets
+from trainer.engines.fleet import EngineFleet
 from trainer.errors import UpdateFailed
 from trainer.learner import TorchLearner
 from trainer.metrics import UpdateMetrics, UpdateRecord
@@ -280,3 +286,73 @@ def test_adam_eps_damps_the_step_on_gradients_near_zero(tiny_model: Path, tmp_pa
         learner.update(scored, version=0)
         moved.append(abs(response_log_prob(learner.model, GOOD) - before))
     assert moved[1] < moved[0] / 10
+
+
+@pytest.fixture
+def sglang_fakes(tiny_model: Path, tmp_path: Path) -> Iterator[list[str]]:
+    """Two SGLang replicas (the fake of `tests/fakes/sglang.py`), launched on the tiny model."""
+    processes = []
+    try:
+        for i in range(2):
+            port = free_port()
+            url, process = spawn(["tests.fakes.sglang", "--model", str(tiny_model), "--port", str(port)],
+                                 tmp_path / f"sglang{i}.log", "sglang fake", port)
+            processes.append((url, process))
+        yield [url for url, _ in processes]
+    finally:
+        for _, process in processes:
+            stop(process)
+
+
+async def held_by(urls: list[str]) -> list[str]:
+    async with httpx.AsyncClient() as client:
+        return [(await client.get(f"{url}/fake/state")).json()["fingerprint"] for url in urls]
+
+
+async def test_the_weight_sender_broadcasts_what_the_backend_trained(
+        open_backend: Open, sglang_fakes: list[str], tiny_model: Path, tmp_path: Path) -> None:
+    """transfer: distributed from where each backend holds its weights (the learner's module; verl's workers,
+    each bucket gathered over both and broadcast by the first): after each update every replica holds exactly the
+    staged checkpoint's tensors, none of which went through it. Small buckets, so a version takes several."""
+    subject = open_backend(None)
+    config = EngineConfig(kind="sglang", urls=sglang_fakes, transfer="distributed", group_backend="gloo",
+                          bucket_mb=1, timeout_s=60, group_timeout_s=30)
+    fleet = EngineFleet(config, sender=subject.backend.weight_sender("sglang"))
+    try:
+        committed = (tiny_model, 0)
+        for version in (1, 2):
+            subject.backend.update(ScoredGroups.of(good_vs_bad(subject.policy(), version - 1)), version=version - 1)
+            staged = subject.backend.stage(tmp_path / "ckpt", TrainerState(version=version))
+            assert len(buckets(staged, 1 << 20)) > 1
+            await fleet.deliver(staged, version, committed)
+            expected = fingerprint(read_folder(staged).items())
+            assert await held_by(sglang_fakes) == [expected, expected]
+            committed = (checkpoint.commit(tmp_path / "ckpt", staged, version), version)
+        assert fleet.sender.joined()  # one group served both versions
+    finally:
+        await fleet.aclose()
+
+
+async def test_verl_workers_replaced_form_the_weight_group_anew(
+        tiny_model: Path, tmp_path: Path, verl_workers: tuple[VerlWorkers, Path], sglang_fakes: list[str]) -> None:
+    """A worker lost mid-run takes the weight group's rank 0 with it: the next hand-over notices (the workers'
+    generation moved), has the replicas leave the old group, and forms a new one with the new workers."""
+    workers, fresh = verl_workers
+    workers.load_checkpoint(fresh)
+    backend = VerlBackend(config_for(tiny_model, tmp_path / "runs"), workers)
+    config = EngineConfig(kind="sglang", urls=sglang_fakes, transfer="distributed", group_backend="gloo",
+                          timeout_s=60, group_timeout_s=30)
+    fleet = EngineFleet(config, sender=backend.weight_sender("sglang"))
+    try:
+        backend.update(ScoredGroups.of(good_vs_bad(exported(backend, tmp_path / "v0"))), version=0)
+        first = backend.stage(tmp_path / "ckpt", TrainerState(version=1))
+        await fleet.deliver(first, 1, (tiny_model, 0))
+        workers.restart(fresh)  # as the backend does when a worker dies
+        assert not fleet.sender.joined()
+        second = backend.stage(tmp_path / "ckpt2", TrainerState(version=2))
+        await fleet.deliver(second, 2, (first, 1))
+        expected = fingerprint(read_folder(second).items())
+        assert expected != fingerprint(read_folder(first).items())
+        assert await held_by(sglang_fakes) == [expected, expected]
+    finally:
+        await fleet.aclose()

@@ -51,6 +51,7 @@ from tests.test_trainer_tracking import NAMES, tensorboard_scalars
 from trainer import checkpoint
 from trainer.advantages import ScoredGroups
 from trainer.config import EngineConfig, TrainerConfig, load_config
+from trainer.engines.broadcast import Sender
 from trainer.engines.fleet import EngineFleet
 from trainer.errors import ConfigError, UpdateFailed
 from trainer.learner import TorchLearner
@@ -142,6 +143,9 @@ class FailsOnce:
 
     def stage(self, root: Path, state: checkpoint.TrainerState) -> Path:
         return self.learner.stage(root, state)
+
+    def weight_sender(self, kind: str) -> Sender:
+        return self.learner.weight_sender(kind)
 
     def close(self) -> None:
         self.learner.close()

@@ -21,6 +21,7 @@ import torch
 from trainer.advantages import ScoredGroups
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
+from trainer.engines.broadcast import Sender
 from trainer.metrics import UpdateMetrics
 
 
@@ -37,6 +38,11 @@ class UpdateBackend(Protocol):
         """Weights, optimiser and `state` written and synced in a staging folder under `root`, for
         `checkpoint.commit`; restoring from the committed folder is the backend's own constructor's job. The
         folder's top level is a Hugging Face model folder: what the inference engines load."""
+        ...
+
+    def weight_sender(self, kind: str) -> Sender:
+        """The trainer's side of a weight group to `kind` engines (transfer: distributed), sending from wherever
+        this backend holds the weights."""
         ...
 
     def close(self) -> None:

@@ -36,12 +36,15 @@ class EngineConfig(BaseModel):
                                                 "each update and wake after it.")
     sleep_level: Literal[1, 2] = Field(1, description="vLLM's sleep level: 1 keeps the weights in host memory, 2 "
                                                       "drops them (a new version replaces them anyway).")
-    group_address: str = Field("127.0.0.1", description="The trainer's address as the replicas' workers reach it "
-                                                        "(distributed).")
-    group_port: int = Field(0, ge=0, le=65535, description="The group's rendezvous port (0: a free one).")
+    group_address: str | None = Field(
+        None, description="Where the replicas' workers reach the group's rank 0 (distributed): the trainer's "
+                          "process (backend torch), or verl's first worker (backend verl). Default: 127.0.0.1 for "
+                          "torch, the first worker's node address as Ray knows it for verl.")
+    group_port: int = Field(0, ge=0, le=65535, description="The group's rendezvous port (0: one free where rank 0 "
+                                                           "runs).")
     group_backend: Literal["nccl", "gloo"] = Field("nccl", description="gloo: CPU tensors (tests).")
-    group_device: str = Field("cpu", description="Where the trainer reads the weights into before sending (cuda "
-                                                 "for NCCL).")
+    group_device: str = Field("cpu", description="backend torch: where the checkpoint is read into before sending "
+                                                 "(cuda for NCCL); verl's workers send from their own device.")
     group_timeout_s: float = Field(300.0, gt=0, description="The longest a collective may wait for a rank.")
     bucket_mb: int = Field(512, ge=1, description="Tensors broadcast per update_weights call, in MiB.")
     timeout_s: float = Field(600.0, gt=0, description="The longest any one engine call may take.")

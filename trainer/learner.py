@@ -19,6 +19,7 @@ from trainer.algorithms import LossConfig
 from trainer.batch import build_batch
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
+from trainer.engines.broadcast import ModuleSender, Sender
 from trainer.metrics import UpdateMetrics
 from trainer.step import StepConfig
 
@@ -76,6 +77,9 @@ class TorchLearner:
 
     def stage(self, root: Path, state: TrainerState) -> Path:
         return checkpoint.stage(root, state, self._write)
+
+    def weight_sender(self, kind: str) -> Sender:
+        return ModuleSender(kind, self.model)  # rank 0 is this process, which holds the whole model
 
     def close(self) -> None:
         pass  # everything lives in this process

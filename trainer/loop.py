@@ -191,7 +191,7 @@ class Trainer:
     async def run(self) -> TrainerState:
         backend, state = await asyncio.to_thread(self._open)
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
-        engine = EngineFleet(self.config.engine) if self.config.engine is not None else None
+        engine = self._fleet(backend)
         tracker = await asyncio.to_thread(open_tracking, self.config) if self.config.logger else None
         self._tracker = tracker
         async with EventProducer(self.bus, client_id=f"trainer-{self.config.run_id}") as producer:
@@ -219,6 +219,14 @@ class Trainer:
                 if self.backend is None:  # the loop opened it
                     await asyncio.to_thread(run.backend.close)
         return run.state
+
+    def _fleet(self, backend: UpdateBackend) -> EngineFleet | None:
+        """The engine replicas; over a weight group, the backend sends from where it holds the weights."""
+        config = self.config.engine
+        if config is None:
+            return None
+        return EngineFleet(config, sender=backend.weight_sender(config.kind) if config.transfer == "distributed"
+                           else None)
 
     async def _train(self, run: Session) -> None:
         async with EventConsumer(self.bus, [topics.SAMPLES], run.producer,

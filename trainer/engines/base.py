@@ -9,7 +9,8 @@ which is no version of the run).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -42,40 +43,61 @@ class GroupInfo:
     timeout_s: float = 300.0  # a collective that waits longer fails (a replica that refused leaves the sender waiting)
 
 
+# safetensors' dtype codes (its header's "dtype") as torch names them
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
 @dataclass(frozen=True)
 class Bucket:
-    """Tensors broadcast together: the names, dtypes and shapes go to the engine over HTTP, the data over the group."""
+    """Tensors broadcast together, named by the staged checkpoint (`source`): the names, dtypes and shapes go to
+    the engine over HTTP, the data over the group, from wherever the sender holds the weights (the checkpoint read
+    back, or the trainer's own ranks)."""
+    source: Path
     names: list[str]
-    tensors: list[torch.Tensor]
+    dtypes: list[torch.dtype]
+    shapes: list[list[int]]
 
     @property
     def dtype_names(self) -> list[str]:
-        return [str(t.dtype).removeprefix("torch.") for t in self.tensors]
+        return [str(d).removeprefix("torch.") for d in self.dtypes]
 
-    @property
-    def shapes(self) -> list[list[int]]:
-        return [list(t.shape) for t in self.tensors]
+    def read(self, device: str = "cpu") -> list[torch.Tensor]:
+        """The bucket's tensors from the checkpoint, in order."""
+        wanted = set(self.names)
+        found: dict[str, torch.Tensor] = {}
+        for path in sorted(self.source.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt", device=device) as f:
+                for name in wanted.intersection(f.keys()):
+                    found[name] = f.get_tensor(name).contiguous()
+        return [found[name] for name in self.names]
 
 
-def buckets(folder: Path, max_bytes: int, device: str = "cpu") -> Iterator[Bucket]:
-    """The staged checkpoint's tensors (its *.safetensors, names sorted), in buckets of at most `max_bytes` (a
-    larger tensor goes alone)."""
+def buckets(folder: Path, max_bytes: int) -> list[Bucket]:
+    """The staged checkpoint's tensors (its *.safetensors, names sorted) in buckets of at most `max_bytes` (a larger
+    tensor goes alone), read from the files' headers alone: the data is the sender's to read or to hold."""
+    plan: list[Bucket] = []
     names: list[str] = []
-    tensors: list[torch.Tensor] = []
+    dtypes: list[torch.dtype] = []
+    shapes: list[list[int]] = []
     size = 0
     for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt", device=device) as f:
+        with safe_open(str(path), framework="pt") as f:
             for name in sorted(f.keys()):
-                tensor = f.get_tensor(name).contiguous()
-                nbytes = tensor.numel() * tensor.element_size()
+                meta = f.get_slice(name)
+                dtype, shape = SAFETENSORS_DTYPES[meta.get_dtype()], list(meta.get_shape())
+                nbytes = math.prod(shape) * dtype.itemsize
                 if names and size + nbytes > max_bytes:
-                    yield Bucket(names, tensors)
-                    names, tensors, size = [], [], 0
+                    plan.append(Bucket(folder, names, dtypes, shapes))
+                    names, dtypes, shapes, size = [], [], [], 0
                 names.append(name)
-                tensors.append(tensor)
+                dtypes.append(dtype)
+                shapes.append(shape)
                 size += nbytes
     if names:
-        yield Bucket(names, tensors)
+        plan.append(Bucket(folder, names, dtypes, shapes))
+    return plan
 
 
 class Replica(Protocol):

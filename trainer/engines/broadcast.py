@@ -1,6 +1,14 @@
 """The seam of the distributed weight path: a collective group over a TCP rendezvous, tensors broadcast from rank 0.
 
-The trainer is rank 0; each engine worker joins at its rank offset. The group
+Two layers. A `Broadcaster` is one rank-0 end of a group: it joins and
+broadcasts tensors it is given. A `Sender` is the trainer's side of a
+hand-over: it says where rank 0 listens, joins, and sends each bucket of the
+plan from wherever the weights are. `CheckpointSender` reads them back from
+the staged checkpoint in the trainer's process (the torch learner's rank 0);
+verl's FSDP workers gather each bucket and broadcast it from their first rank
+(`trainer/verl/weights.py`).
+
+Rank 0 is the trainer's side; each engine worker joins at its rank offset. The group
 is made the way torch.distributed makes any group from an init method (a
 rendezvous at `tcp://MASTER:PORT`, then the backend's process group under the
 group's name), which is how SGLang's workers join theirs
@@ -14,6 +22,7 @@ is installed, and exercised only by `bench/gpu_check.py` on a GPU machine).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
@@ -22,9 +31,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from trainer.engines.base import Bucket, GroupInfo
 
-class Sender(Protocol):
-    """The trainer's end of the group: joins once, then broadcasts each bucket of tensors."""
+
+class Broadcaster(Protocol):
+    """Rank 0 of one group: joins once, then broadcasts the tensors it is given."""
 
     def join(self) -> None:
         """Blocks until every rank has joined (the engines are told to join at the same time)."""
@@ -35,6 +46,32 @@ class Sender(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+
+class Sender(Protocol):
+    """The trainer's side of every hand-over over a group: formed once, then a plan of buckets per version."""
+
+    def endpoint(self, address: str | None, port: int) -> tuple[str, int]:
+        """Where rank 0 will listen, which the replicas are told: the configured address (None: this side's own)
+        and port (0: one free where rank 0 runs)."""
+        ...
+
+    def join(self, group: GroupInfo) -> None:
+        """Rank 0 joins `group`; blocks until every rank has."""
+        ...
+
+    def joined(self) -> bool:
+        """Whether rank 0 is still in the group it joined (False again after `leave`, or where the ranks that held
+        it were replaced)."""
+        ...
+
+    def send(self, bucket: Bucket) -> None:
+        """The bucket's tensors, in its order and dtypes, broadcast from rank 0; blocks until delivered."""
+        ...
+
+    def leave(self) -> None:
+        """Drop the group (best effort: a broken one, or one a restarted replica left, is formed anew)."""
         ...
 
 
@@ -109,3 +146,74 @@ class VllmNcclSender:
 
     def close(self) -> None:
         self._comm = None
+
+
+def open_broadcaster(kind: str, group: GroupInfo) -> Broadcaster:
+    """Rank 0 of `group`: vLLM's own NCCL rendezvous for vLLM over NCCL; torch's group (SGLang's, and the fakes'
+    over gloo) otherwise."""
+    if kind == "vllm" and group.backend == "nccl":
+        return VllmNcclSender(address=group.address, port=group.port, world_size=group.world_size)
+    name = vllm_gloo_name(group.port) if kind == "vllm" else group.name
+    return TorchGroup(backend=group.backend, address=group.address, port=group.port, rank=0,
+                      world_size=group.world_size, name=name, timeout_s=group.timeout_s)
+
+
+class CheckpointSender:
+    """The weights read back from the staged checkpoint onto `device` and broadcast from the trainer's process:
+    the torch learner's rank 0 (it holds the whole model), and any trainer whose ranks cannot send themselves."""
+
+    def __init__(self, kind: str, device: str = "cpu") -> None:
+        self.kind, self.device = kind, device
+        self._broadcaster: Broadcaster | None = None
+
+    def endpoint(self, address: str | None, port: int) -> tuple[str, int]:
+        return address or "127.0.0.1", port or free_port()
+
+    def join(self, group: GroupInfo) -> None:
+        broadcaster = open_broadcaster(self.kind, group)
+        broadcaster.join()
+        self._broadcaster = broadcaster
+
+    def joined(self) -> bool:
+        return self._broadcaster is not None
+
+    def send(self, bucket: Bucket) -> None:
+        if self._broadcaster is None:
+            raise RuntimeError("weight group not joined")
+        self._broadcaster.send(self.tensors(bucket))
+
+    def tensors(self, bucket: Bucket) -> list[torch.Tensor]:
+        return bucket.read(self.device)
+
+    def leave(self) -> None:
+        broadcaster, self._broadcaster = self._broadcaster, None
+        if broadcaster is not None:
+            broadcaster.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class ModuleSender(CheckpointSender):
+    """The weights of a module this process trains (the torch learner's), sent as they are in memory: the plan's
+    names and dtypes, from the module's own device (the CPU over gloo)."""
+
+    def __init__(self, kind: str, module: torch.nn.Module) -> None:
+        super().__init__(kind)
+        self.module = module
+
+    def join(self, group: GroupInfo) -> None:
+        self.device = "cpu" if group.backend == "gloo" else str(next(self.module.parameters()).device)
+        super().join(group)
+
+    def tensors(self, bucket: Bucket) -> list[torch.Tensor]:
+        state = self.module.state_dict()
+        missing = [name for name in bucket.names if name not in state]
+        if missing:
+            raise KeyError(f"the checkpoint names tensors the trained module does not hold: {missing[:5]}")
+        with torch.no_grad():
+            return [state[name].detach().to(self.device, dtype).contiguous()
+                    for name, dtype in zip(bucket.names, bucket.dtypes, strict=True)]

@@ -18,21 +18,19 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainer.config import EngineConfig
 from trainer.engines.base import GroupInfo, Replica, buckets
-from trainer.engines.broadcast import Sender, TorchGroup, VllmNcclSender, vllm_gloo_name
+from trainer.engines.broadcast import CheckpointSender, Sender
 from trainer.engines.sglang import SglangReplica
 from trainer.engines.tether import TetherReplica
 from trainer.engines.vllm import VllmReplica
 from trainer.errors import EngineError
 
 log = logging.getLogger("tether.trainer.engines")
-SenderFactory = Callable[[GroupInfo], Sender]
 _groups = itertools.count(1)
 
 
@@ -42,25 +40,16 @@ def open_replica(kind: str, url: str, timeout_s: float) -> Replica:
     return kinds[kind](url, timeout_s)
 
 
-def default_sender(kind: str) -> SenderFactory:
-    """vLLM's own NCCL rendezvous for vLLM over NCCL; torch's group (SGLang's, and the fakes' over gloo) otherwise."""
-    def make(group: GroupInfo) -> Sender:
-        if kind == "vllm" and group.backend == "nccl":
-            return VllmNcclSender(address=group.address, port=group.port, world_size=group.world_size)
-        name = vllm_gloo_name(group.port) if kind == "vllm" else group.name
-        return TorchGroup(backend=group.backend, address=group.address, port=group.port, rank=0,
-                          world_size=group.world_size, name=name, timeout_s=group.timeout_s)
-    return make
-
-
 class EngineFleet:
     def __init__(self, config: EngineConfig, replicas: Sequence[Replica] | None = None,
-                 sender: SenderFactory | None = None) -> None:
+                 sender: Sender | None = None) -> None:
+        """`sender`: the trainer's side of the weight group (distributed), where the backend holds the weights; by
+        default the staged checkpoint read back in this process."""
         self.config = config
         self.replicas = list(replicas) if replicas is not None else [
             open_replica(config.kind, url, config.timeout_s) for url in config.urls]
-        self._make_sender = sender or default_sender(config.kind)
-        self._sender: Sender | None = None
+        self.sender = sender or CheckpointSender(config.kind, config.group_device)
+        self._joined = False  # the sender and every replica in one group
         self._lock = asyncio.Lock()  # one hand-over (or bring-up) at a time
         self._asleep = False  # collocated, between before_update and deliver: the trainer's turn
         self._suspect: set[str] = set()  # replicas a rollback could not put back: reloaded whatever they say
@@ -117,14 +106,15 @@ class EngineFleet:
                 raise
 
     async def _transfer(self, folder: Path, version: int) -> None:
-        if self._sender is None:
+        if self._joined and not self.sender.joined():  # its side went away (verl's workers restarted)
+            self._drop_sender()
+            await asyncio.gather(*(r.abandon() for r in self.replicas), return_exceptions=True)
+        if not self._joined:
             await self._join()
-        sender = self._sender
-        assert sender is not None
         try:
             await self._all(lambda r: r.begin())
-            for bucket in buckets(folder, self.config.bucket_mb << 20, self.config.group_device):
-                sending = asyncio.ensure_future(asyncio.to_thread(sender.send, bucket.tensors))
+            for bucket in buckets(folder, self.config.bucket_mb << 20):
+                sending = asyncio.ensure_future(asyncio.to_thread(self.sender.send, bucket))
                 receiving = [asyncio.ensure_future(r.receive(bucket)) for r in self.replicas]
                 await _first_failure([sending, *receiving])
             await self._all(lambda r: r.end(version))
@@ -136,27 +126,30 @@ class EngineFleet:
     async def _join(self) -> None:
         """The trainer (rank 0) and every replica's workers (from rank 1, replica after replica) form a group."""
         sizes = [await r.workers() for r in self.replicas]
-        port = self.config.group_port or free_port()
+        address, port = await asyncio.to_thread(self.sender.endpoint, self.config.group_address,
+                                                self.config.group_port)
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
         world = 1 + sum(sizes)
         name = f"tether-weights-{next(_groups)}"
         def group(offset: int) -> GroupInfo:
-            return GroupInfo(address=self.config.group_address, port=port, rank_offset=offset, world_size=world,
+            return GroupInfo(address=address, port=port, rank_offset=offset, world_size=world,
                              name=name, backend=self.config.group_backend, timeout_s=self.config.group_timeout_s)
         groups = [group(o) for o in offsets]
-        sender = self._make_sender(group(0))
-        joining = asyncio.ensure_future(asyncio.to_thread(sender.join))
+        joining = asyncio.ensure_future(asyncio.to_thread(self.sender.join, group(0)))
         replicas = [asyncio.ensure_future(r.join(g)) for r, g in zip(self.replicas, groups, strict=True)]
-        await _first_failure([joining, *replicas])
-        self._sender = sender
-        log.info("weight group %s formed: %d ranks on %s:%d (%s)", name, world, self.config.group_address, port,
+        try:
+            await _first_failure([joining, *replicas])
+        except BaseException:
+            self._drop_sender()
+            raise
+        self._joined = True
+        log.info("weight group %s formed: %d ranks on %s:%d (%s)", name, world, address, port,
                  self.config.group_backend)
 
     def _drop_sender(self) -> None:
-        if self._sender is not None:
-            with contextlib.suppress(Exception):
-                self._sender.close()
-            self._sender = None
+        self._joined = False
+        with contextlib.suppress(Exception):
+            self.sender.leave()
 
     async def _restore(self, folder: Path, version: int) -> None:
         """Best effort, replica by replica: awake, the fallback loaded from disk, the cache reset, resumed."""
@@ -184,7 +177,7 @@ class EngineFleet:
             held = await asyncio.gather(*(r.held() for r in self.replicas), return_exceptions=True)
             behind = [r for r, h in zip(self.replicas, held, strict=True) if not isinstance(h, BaseException)
                       and (h is None or h < version or (settle and h != version) or r.url in self._suspect)]
-            if behind and self._sender is not None:  # a restarted replica left the weight group: form it anew
+            if behind and self._joined:  # a restarted replica left the weight group: form it anew
                 self._drop_sender()
                 await asyncio.gather(*(r.abandon() for r in self.replicas), return_exceptions=True)
             for replica in behind:
@@ -211,12 +204,6 @@ class EngineFleet:
         self._drop_sender()
         for replica in self.replicas:
             await replica.aclose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 async def _first_failure(tasks: list[asyncio.Future[Any]]) -> None:

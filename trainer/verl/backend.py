@@ -36,8 +36,10 @@ from trainer.algorithms import LossMode
 from trainer.batch import Piece, pieces
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
+from trainer.engines.broadcast import Sender
 from trainer.errors import UpdateFailed, WorkersLost
 from trainer.metrics import UpdateMetrics
+from trainer.verl.weights import WeightWorkers, WorkerSender
 
 log = logging.getLogger("tether.trainer.verl")
 
@@ -128,7 +130,7 @@ def _layout(laid: list[Piece], temperature: float, pad_id: int = 0) -> DataProto
     return batch
 
 
-class ActorWorkers(Protocol):
+class ActorWorkers(WeightWorkers, Protocol):
     """What the backend uses of verl's actor workers (`trainer/verl/workers.VerlWorkers`)."""
 
     world_size: int
@@ -214,6 +216,9 @@ class VerlBackend:
             self.workers.save_checkpoint(folder / ACTOR, state.version)
 
         return checkpoint.stage(root, state, write)
+
+    def weight_sender(self, kind: str) -> Sender:
+        return WorkerSender(kind, self.workers)  # each bucket gathered by the workers, broadcast by the first
 
     def close(self) -> None:
         self.workers.close()

@@ -9,7 +9,9 @@ objective. Without an accelerator the workers run on the CPU platform of
 
 What the backend asks of them: proximal log-probs (`compute_log_prob`), an
 update (`update_actor`), the trained weights as a Hugging Face folder
-(`export_weights`, for the inference engines), and verl's sharded checkpoints.
+(`export_weights`, for the inference engines), verl's sharded checkpoints,
+and, for engines that take weights over a collective group, each bucket
+gathered and broadcast from the first worker (`trainer/verl/weights.py`).
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from trainer.algorithms import LossConfig, policy_loss
 from trainer.config import TrainerConfig
+from trainer.engines.base import GroupInfo
 from trainer.errors import TrainerError, WorkersLost
 from trainer.verl import cpu as cpu_mode
+from trainer.verl.weights import WeightGroupEnd
 
 ONE_TO_ALL = cast(Any, Dispatch).ONE_TO_ALL  # verl's dispatch modes are members made at run time
 F = TypeVar("F", bound=Callable[..., Any])
@@ -130,7 +134,8 @@ def _lost() -> Iterator[None]:
 
 class TetherActorWorker(ActorRolloutRefWorker):
     """verl's worker, plus what Tether needs of it: a plain gloo process group on the CPU (verl asks torch for
-    `cpu:gloo,cpu:gloo`, which it refuses) and the weights gathered into a Hugging Face folder."""
+    `cpu:gloo,cpu:gloo`, which it refuses), the weights gathered into a Hugging Face folder, and the weights
+    broadcast to engine replicas bucket by bucket."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if cpu_mode.active():
@@ -138,6 +143,7 @@ class TetherActorWorker(ActorRolloutRefWorker):
             # Ray gives each worker one thread (OMP_NUM_THREADS=1); the machine's cores are the workers' to share
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
         super().__init__(*args, **kwargs)
+        self.weight_group = WeightGroupEnd(int(os.environ.get("RANK", "0")))
 
     @_register(dispatch_mode=ONE_TO_ALL)
     def export_weights(self, path: str) -> None:
@@ -153,6 +159,29 @@ class TetherActorWorker(ActorRolloutRefWorker):
         torch.distributed.barrier()
 
     @_register(dispatch_mode=ONE_TO_ALL)
+    def weight_endpoint(self, port: int) -> tuple[str, int] | None:
+        """Rank 0: where it will listen as rank 0 of the weight group (its node, `port` or a free one)."""
+        return self.weight_group.endpoint(port)
+
+    @_register(dispatch_mode=ONE_TO_ALL)
+    def join_weights(self, kind: str, group: GroupInfo) -> None:
+        self.weight_group.join(kind, group)
+
+    @_register(dispatch_mode=ONE_TO_ALL)
+    def weights_joined(self) -> bool:
+        return self.weight_group.joined()
+
+    @_register(dispatch_mode=ONE_TO_ALL)
+    def send_weights(self, names: list[str], dtypes: list[str]) -> None:
+        """One bucket: every rank gathers it, rank 0 broadcasts it."""
+        engine: Any = self.actor.engine  # type: ignore[union-attr]  # built by init_model
+        self.weight_group.send(engine.module, names, dtypes)
+
+    @_register(dispatch_mode=ONE_TO_ALL)
+    def leave_weights(self) -> None:
+        self.weight_group.leave()
+
+    @_register(dispatch_mode=ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
 
@@ -163,6 +192,7 @@ class VerlWorkers:
     def __init__(self, config: TrainerConfig, world_size: int) -> None:
         self.config, self.world_size = config, world_size
         self.rows_multiple = world_size * MICRO_BATCH
+        self.generation = 0  # bumped by each restart: the weight group did not survive it
         self.owns_ray = False  # whether `close` shuts Ray down (this process started it)
         self.cpu = cpu_mode.wanted()
         self.group: Any = self._spawn()  # verl adds the workers' methods to it at run time
@@ -197,6 +227,7 @@ class VerlWorkers:
         """New workers in place of these (one died: the process group is gone with it), from the checkpoint
         `found` or the starting model."""
         self.stop()
+        self.generation += 1
         self.group = self._spawn()
         if found is not None:
             self.load_checkpoint(found)
@@ -239,6 +270,27 @@ class VerlWorkers:
     def load_checkpoint(self, folder: Path) -> None:
         with _lost():
             self.group.load_checkpoint(str(folder))
+
+    def weight_endpoint(self, port: int) -> tuple[str, int]:
+        with _lost():
+            answered: tuple[str, int] = self.group.weight_endpoint(port)[0]
+        return answered
+
+    def join_weights(self, kind: str, group: GroupInfo) -> None:
+        with _lost():
+            self.group.join_weights(kind, group)
+
+    def weights_joined(self) -> bool:
+        with _lost():
+            return all(self.group.weights_joined())
+
+    def send_weights(self, names: list[str], dtypes: list[str]) -> None:
+        with _lost():
+            self.group.send_weights(names, dtypes)
+
+    def leave_weights(self) -> None:
+        with _lost():
+            self.group.leave_weights()
 
     def stop(self) -> None:
         for worker in self.group.workers:
