@@ -229,19 +229,22 @@ async def test_a_version_an_engine_refuses_is_aborted_rolled_back_and_trained_ag
         torch.testing.assert_close(committed["refused"][name], tensor)
 
 
-async def test_every_call_is_stamped_with_the_version_the_vllm_replica_serving_it_holds(
-        bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
-    """The loop closed on vLLM (its fake, which answers "weights LABEL" with the label of the weights it holds):
-    a call before the update is served by the launch weights and recorded as version 0; the trainer hands version
-    1 over by vLLM's own routes and the next call is served by it and recorded as 1; the replica restarts onto its
-    launch weights, and a call then waits until the replica is brought up, served by version 1 again."""
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+async def test_every_call_is_stamped_with_the_version_the_replica_serving_it_holds(
+        kind: str, bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
+    """The loop closed on vLLM and on SGLang (their fakes, which answer "weights LABEL" with the label of the
+    weights they hold): a call before the update is served by the launch weights and recorded as version 0; the
+    trainer hands version 1 over by the engine's own routes and the next call is served by it and recorded as 1;
+    the replica restarts onto its launch weights, and a call then waits until the replica is brought up, served by
+    version 1 again."""
     port = free_port()
-    args = ["tests.fakes.vllm_rl", "--model", str(tiny_model), "--port", str(port), "--completions"]
-    url, fake = spawn(args, tmp_path / "vllm.log", "FakeVLLM", port)
+    module = {"vllm": "tests.fakes.vllm_rl", "sglang": "tests.fakes.sglang"}[kind]
+    args = [module, "--model", str(tiny_model), "--port", str(port), "--completions"]
+    url, fake = spawn(args, tmp_path / f"{kind}.log", f"{kind} fake", port)
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     try:
         with gateway(bus, RunningEngine(url, str(tiny_model), fake), tiny_model, tmp_path / "gateway.log",
-                     run_id=run_id, TETHER_GATEWAY_ENGINE_KIND="vllm", TETHER_GATEWAY_ENGINE_CHECK_S="0.2") as gw:
+                     run_id=run_id, TETHER_GATEWAY_ENGINE_KIND=kind, TETHER_GATEWAY_ENGINE_CHECK_S="0.2") as gw:
             async with httpx.AsyncClient(timeout=60) as http:
                 async def call(rollout_id: str) -> str:
                     token = await asyncio.to_thread(gw.register, rollout_id)
@@ -255,7 +258,7 @@ async def test_every_call_is_stamped_with_the_version_the_vllm_replica_serving_i
                 async with EventProducer(bus) as producer:
                     await producer.publish_many(task_groups(run_id, 2))
                 config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
-                                       engine={"kind": "vllm", "urls": [url]}, batch_groups=2,
+                                       engine={"kind": kind, "urls": [url]}, batch_groups=2,
                                        max_updates=1, zero_variance="keep")
                 await Trainer(config, bus).run()
                 async with asyncio.timeout(30):
@@ -264,11 +267,11 @@ async def test_every_call_is_stamped_with_the_version_the_vllm_replica_serving_i
                 assert await call(f"{run_id}-after") == "weights 1"
 
                 stop(fake)
-                url, fake = spawn(args, tmp_path / "vllm-restarted.log", "FakeVLLM", port)
+                url, fake = spawn(args, tmp_path / f"{kind}-restarted.log", f"{kind} fake", port)
                 waiting = asyncio.create_task(call(f"{run_id}-restarted"))
                 await asyncio.sleep(2.0)
                 assert not waiting.done()  # not served by the launch weights under version 1's stamp
-                fleet = EngineFleet(EngineConfig(kind="vllm", urls=[url]))  # as the trainer's watcher does
+                fleet = EngineFleet(EngineConfig(kind=kind, urls=[url]))  # as the trainer's watcher does
                 assert await fleet.bring_up(config.run_dir / "v000001", 1) == [url]
                 await fleet.aclose()
                 assert await asyncio.wait_for(waiting, 30) == "weights 1"

@@ -7,7 +7,10 @@ inside a begin/end session; a disk update renames the served model to its path. 
 with the trainer's `TorchGroup`, as SGLang's workers join theirs (`init_custom_process_group`), over gloo
 where SGLang's is NCCL. Routes under /fake/ are the fake's (`tests/fakes/held_weights.py`).
 
-    python -m tests.fakes.sglang --model DIR --port 8400 [--api-key KEY]
+    python -m tests.fakes.sglang --model DIR --port 8400 [--api-key KEY] [--completions]
+
+With --completions it also answers /v1/completions as SGLang does when asked `return_token_ids` (each choice's
+`token_ids` and `prompt_token_ids`, `matched_stop`), with "weights LABEL", the label of the weights it holds.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from tests.fakes.held_weights import HeldWeights, read_folder
+from tests.fakes.vllm import add_completions
 from trainer.engines.broadcast import TorchGroup
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -104,6 +108,12 @@ def create_app(held: HeldWeights, api_key: str | None = None) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:  # ModelList of ModelCards, the served model alone (no LoRA)
+        name = served["model_path"]
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang",
+                                            "root": name, "parent": None, "max_model_len": None}]}
 
     @app.get("/model_info")
     async def model_info() -> dict[str, Any]:
@@ -230,9 +240,13 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--api-key", default=None, help="as SGLang's: every route but health needs it as a bearer")
+    parser.add_argument("--completions", action="store_true", help='answer /v1/completions with "weights LABEL"')
     args = parser.parse_args()
-    uvicorn.run(create_app(HeldWeights(args.model), args.api_key), host="127.0.0.1", port=args.port,
-                log_level="warning")
+    held = HeldWeights(args.model)
+    app = create_app(held, args.api_key)
+    if args.completions:  # SGLang's OpenAI completions with return_token_ids: vLLM's choice fields, matched_stop
+        add_completions(app, str(args.model), lambda prompt: f"weights {held.label}", stop_key="matched_stop")
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -56,9 +56,11 @@ def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
     return app
 
 
-def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]], str]) -> Any:
+def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]], str],
+                    stop_key: str = "stop_reason") -> Any:
     """vLLM's /v1/completions on `app`, answering each token-id prompt with `reply(prompt)` at once (its token
-    ids, ending with the end-of-turn token, each with logprob -0.5); the tokenizer, for the caller's own use."""
+    ids, ending with the end-of-turn token, each with logprob -0.5); the tokenizer, for the caller's own use.
+    SGLang's answer to `return_token_ids` has the same choice fields but `matched_stop` for `stop_key`."""
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     end = int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))  # type: ignore[arg-type]
 
@@ -77,7 +79,7 @@ def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]
             choices.append({"index": index, "text": tokenizer.decode(ids, skip_special_tokens=True),
                             "token_ids": ids, "logprobs": {"tokens": [], "token_logprobs": [-0.5] * len(ids),
                                                            "top_logprobs": [{} for _ in ids], "text_offset": []},
-                            "finish_reason": "stop", "stop_reason": None})
+                            "finish_reason": "stop", stop_key: None})
         head = {"id": f"cmpl-{time.monotonic_ns()}", "object": "text_completion", "created": int(time.time()),
                 "model": MODEL}
         if not body.get("stream"):
