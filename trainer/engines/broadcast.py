@@ -170,6 +170,7 @@ class CheckpointSender:
         return address or "127.0.0.1", port or free_port()
 
     def join(self, group: GroupInfo) -> None:
+        self.leave()  # a group an earlier, abandoned join formed late
         broadcaster = open_broadcaster(self.kind, group)
         broadcaster.join()
         self._broadcaster = broadcaster

@@ -63,6 +63,7 @@ class WeightGroupEnd:
         if self.rank:
             return
         self._device = "cpu" if group.backend == "gloo" else "cuda"
+        self.leave()  # a group an earlier, abandoned join formed late
         broadcaster = open_broadcaster(kind, group)
         broadcaster.join()
         self._broadcaster = broadcaster
