@@ -3,13 +3,13 @@
 Two layers. A `Broadcaster` is one rank-0 end of a group: it joins and
 broadcasts tensors it is given. A `Sender` is the trainer's side of a
 hand-over: it says where rank 0 listens, joins, and sends each bucket of the
-plan from wherever the weights are. `CheckpointSender` reads them back from
-the staged checkpoint in the trainer's process (the torch learner's rank 0);
-verl's FSDP workers gather each bucket and broadcast it from their first rank
-(`trainer/verl/weights.py`).
+plan from wherever the weights are: `ModuleSender` from the torch learner's
+model in the trainer's process; verl's FSDP workers gather each bucket and
+broadcast it from their first rank (`trainer/verl/weights.py`);
+`CheckpointSender`, the fleet's default, reads the staged checkpoint back.
 
-Rank 0 is the trainer's side; each engine worker joins at its rank offset. The group
-is made the way torch.distributed makes any group from an init method (a
+Rank 0 is the trainer's side; each engine worker joins at its rank offset. The
+group is made the way torch.distributed makes any group from an init method (a
 rendezvous at `tcp://MASTER:PORT`, then the backend's process group under the
 group's name), which is how SGLang's workers join theirs
 (`init_weights_update_group`). The backend is the only difference between a
@@ -23,7 +23,7 @@ is installed, and exercised only by `bench/gpu_check.py` on a GPU machine).
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -159,8 +159,8 @@ def open_broadcaster(kind: str, group: GroupInfo) -> Broadcaster:
 
 
 class CheckpointSender:
-    """The weights read back from the staged checkpoint onto `device` and broadcast from the trainer's process:
-    the torch learner's rank 0 (it holds the whole model), and any trainer whose ranks cannot send themselves."""
+    """The weights read back from the staged checkpoint onto `device` and broadcast from this process: the fleet's
+    default, for a caller that holds no weights of its own (`bench/gpu_check.py`, a trainer with no sender)."""
 
     def __init__(self, kind: str, device: str = "cpu") -> None:
         self.kind, self.device = kind, device
@@ -211,10 +211,16 @@ class ModuleSender(CheckpointSender):
         super().join(group)
 
     def tensors(self, bucket: Bucket) -> list[torch.Tensor]:
-        state = self.module.state_dict()
-        missing = [name for name in bucket.names if name not in state]
-        if missing:
-            raise KeyError(f"the checkpoint names tensors the trained module does not hold: {missing[:5]}")
+        held = by_name(self.module.state_dict(), bucket.names, "the trained module")
         with torch.no_grad():
-            return [state[name].detach().to(self.device, dtype).contiguous()
-                    for name, dtype in zip(bucket.names, bucket.dtypes, strict=True)]
+            return [t.detach().to(self.device, dtype).contiguous()
+                    for t, dtype in zip(held, bucket.dtypes, strict=True)]
+
+
+def by_name(state: Mapping[str, torch.Tensor], names: Sequence[str], holder: str) -> list[torch.Tensor]:
+    """`names` from `state`, in order; a clear error where the checkpoint names a tensor `holder` does not hold
+    (the plan is the checkpoint's, the data the trainer's: they must agree)."""
+    missing = [name for name in names if name not in state]
+    if missing:
+        raise KeyError(f"the checkpoint names tensors {holder} does not hold: {missing[:5]}")
+    return [state[name] for name in names]

@@ -22,7 +22,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainer.engines.base import Bucket, GroupInfo
-from trainer.engines.broadcast import Broadcaster, free_port, open_broadcaster
+from trainer.engines.broadcast import Broadcaster, by_name, free_port, open_broadcaster
 
 
 def gathered(module: torch.nn.Module, names: Sequence[str], dtypes: Sequence[str]) -> list[torch.Tensor]:
@@ -31,14 +31,10 @@ def gathered(module: torch.nn.Module, names: Sequence[str], dtypes: Sequence[str
     from verl.utils.model import convert_weight_keys
 
     model: Any = getattr(module, "_fsdp_wrapped_module", module)
-    state = convert_weight_keys(module.state_dict(), model)
-    missing = [name for name in names if name not in state]
-    if missing:
-        raise KeyError(f"the checkpoint names tensors verl's workers do not hold: {missing[:5]}")
+    held = by_name(convert_weight_keys(module.state_dict(), model), names, "verl's workers")
     out = []
     with torch.no_grad():
-        for name, dtype in zip(names, dtypes, strict=True):
-            tensor = state[name]
+        for tensor, dtype in zip(held, dtypes, strict=True):
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             out.append(full.detach().to(getattr(torch, dtype)).contiguous())
     return out
