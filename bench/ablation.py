@@ -41,15 +41,17 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoTokenizer
 
+from tether.demo import FILL_CAP, PRESETS
 from trainer.advantages import ScoredGroups, calls_of
 from trainer.config import TrainerConfig
 from trainer.learner import TorchLearner
-from trainer.selection import select
+from trainer.selection import batch_size, select, verdict
 
 from _shared import RESULTS, pyplot
 
 ARMS = ("sample/token-mean", "sample/per-task", "rollout/token-mean", "rollout/per-task")
 SEED_CLAIM = "rollout/per-task"  # the seed system's winner: task-level advantage with per-task normalisation
+PRESET = PRESETS["lookup"]  # the defaults are the demo's: the bench measures the recipe the demo runs
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Curve:
     reward: list[float] = field(default_factory=list)
     tokens_per_task: list[float] = field(default_factory=list)
     samples_per_task: list[float] = field(default_factory=list)
+    groups_sampled: list[int] = field(default_factory=list)  # per update: with fill signal, B or more
     seconds: float = 0.0
 
 
@@ -117,7 +120,7 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
     config = TrainerConfig(run_id=f"ablation-{arm.replace('/', '-')}-{seed}", model=warm, lr=args.lr, kl_coef=args.kl,
                            epochs=args.epochs, loss_mode=loss_mode, advantage_level=level, zero_variance="drop",
                            batch_groups=args.batch_groups, seed=seed, device=args.device,
-                           temperature=args.temperature)
+                           temperature=args.temperature, adam_eps=args.adam_eps)
     learner = TorchLearner.load(config, torch.device(args.device), None)
     tokenizer = AutoTokenizer.from_pretrained(warm)
     agents = Agents(learner.model, tokenizer, max_turns=args.max_turns)
@@ -136,13 +139,7 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
                           + f", {time.perf_counter() - started:.0f} s", highlight=False)
         if version == args.updates:
             break
-        tasks = [TASK.task(rng, version * args.batch_groups + i, depth=rng.choice(args.train_depths))
-                 for i in range(args.batch_groups)]
-        learner.model.train(False)
-        episodes = agents.run([t for t in tasks for _ in range(args.group_size)], args.temperature, version,
-                              seed=seed * 100_003 + version)
-        groups = [task_group(f"{config.run_id}.{t['id']}", t, episodes[i * args.group_size:(i + 1) * args.group_size])
-                  for i, t in enumerate(tasks)]
+        groups, episodes = sample(agents, config, rng, version, seed, args)
         chosen = select(groups, version, max_staleness=0, zero_variance="drop", recipe=config.advantage)
         learner.model.train()
         if chosen.groups:
@@ -159,7 +156,30 @@ def train(arm: str, seed: int, warm: Path, args: argparse.Namespace, console: Co
     return curve
 
 
+def sample(agents: Agents, config: TrainerConfig, rng: random.Random, version: int, seed: int,
+           args: argparse.Namespace) -> tuple[list[Any], list[Episode]]:
+    """One update's task groups, filled as the trainer fills them (`trainer.selection.batch_size`): B at a time
+    until the rule says enough. The groups past the rule's count are dropped (the stack would keep them for the
+    next update, at most B - 1 of them)."""
+    groups: list[Any] = []
+    episodes: list[Episode] = []
+    cap = args.batch_groups * FILL_CAP
+    while True:
+        chunk = len(groups) // args.batch_groups
+        tasks = [TASK.task(rng, (version * FILL_CAP + chunk) * args.batch_groups + i,
+                           depth=rng.choice(args.train_depths)) for i in range(args.batch_groups)]
+        episodes += agents.run([t for t in tasks for _ in range(args.group_size)], args.temperature, version,
+                               seed=seed * 100_003 + version + 10_007 * chunk)
+        groups += [task_group(f"{config.run_id}.{t['id']}", t, episodes[-len(tasks) * args.group_size:][
+            i * args.group_size:(i + 1) * args.group_size]) for i, t in enumerate(tasks)]
+        taken = batch_size([verdict(g, version, 0, config.advantage) for g in groups], args.batch_groups,
+                           args.fill, cap)
+        if taken is not None:
+            return groups[:taken], episodes[:taken * args.group_size]
+
+
 def _record(curve: Curve, entropy: float, groups: list[Any], episodes: list[Episode]) -> None:
+    curve.groups_sampled.append(len(groups))
     curve.entropy.append(entropy)
     curve.reward.append(sum(e.reward or 0.0 for e in episodes) / len(episodes))
     tokens = [sum(sum(s.loss_mask) for r in g.rollouts for s in r.segments) for g in groups]
@@ -253,20 +273,26 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--validate-every", type=int, default=4)
     parser.add_argument("--batch-groups", type=int, default=8, help="B: tasks per update.")
-    parser.add_argument("--group-size", type=int, default=8, help="K: rollouts per task.")
+    parser.add_argument("--group-size", type=int, default=PRESET["group_size"], help="K: rollouts per task.")
+    parser.add_argument("--fill", choices=("groups", "signal"), default=PRESET["fill"], help=(
+        f"groups: B groups per update; signal: B at a time until B have rewards that differ, at most "
+        f"{FILL_CAP} B"))
+    parser.add_argument("--adam-eps", type=float, default=PRESET["adam_eps"])
     parser.add_argument("--held-out", type=int, default=64, help="Validation tasks.")
-    parser.add_argument("--max-turns", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=2e-4,
+    parser.add_argument("--max-turns", type=int, default=PRESET["max_turns"])
+    parser.add_argument("--lr", type=float, default=PRESET["lr"],
                         help="5e-4 and 1e-3 collapsed to all-zero rewards within 5 updates here")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--kl", type=float, default=0.0, help="KL coefficient to the warm model.")
     parser.add_argument("--temperature", type=float, default=1.0, help="Of the training rollouts (validation: 0).")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--train-depths", type=lambda s: [int(d) for d in s.split(",")], default=[1, 2, 3],
+    parser.add_argument("--train-depths", type=lambda s: [int(d) for d in s.split(",")],
+                        default=PRESET["training_depths"],
                         help="Lookup depths of the training tasks, drawn uniformly from this list (1,2,3,3: half "
                              "of them three lookups deep); the held-out tasks are always uniform over 1, 2, 3.")
-    parser.add_argument("--copy-steps", type=int, default=1800, help="Teaching the tiny model to copy, first.")
-    parser.add_argument("--warm-steps", type=int, default=500)
+    parser.add_argument("--copy-steps", type=int, default=PRESET["copy_steps"],
+                        help="Teaching the tiny model to copy, first.")
+    parser.add_argument("--warm-steps", type=int, default=PRESET["warm_steps"])
     parser.add_argument("--warm", type=Path, help="A warm-started model to use instead of making one.")
     parser.add_argument("--arms", default=",".join(ARMS), help="Comma-separated, from: " + ", ".join(ARMS))
     parser.add_argument("--out", type=Path, default=RESULTS / "ablation")
