@@ -60,7 +60,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                          api_key=settings.engine_api_key, hold_s=settings.max_hold_s)
     # Independent waits, at once: a restarted gateway's calls queue until it serves (infra/supervisor.py).
     try:
-        tokenizer, model, _ = await asyncio.gather(asyncio.to_thread(ChatTokenizer.load, settings.tokenizer),
+        tokenizer, model, _ = await asyncio.gather(asyncio.to_thread(ChatTokenizer.load, settings.tokenizer,
+                                                                     settings.token_cache_tokens),
                                                    _model_name(settings, engines), producer.start())
     except BaseException:
         await engines.close()
@@ -74,7 +75,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     gateway = Gateway(gateway_id=settings.gateway_id, model=model, renderer=Renderer(tokenizer),
                       parser=parser_for(settings.tool_parser), engines=engines,
                       recorder=Recorder(producer, own), rollouts=Rollouts(max_tips=settings.extendable_calls),
-                      gate=gate, metrics=metrics, history=history)
+                      gate=gate, metrics=metrics, history=history, resume_rendering=settings.resume_rendering,
+                      render_check_every=settings.render_check_every)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
                           on_version=gateway.set_version, heartbeat_s=settings.heartbeat_s)

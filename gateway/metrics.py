@@ -26,6 +26,11 @@ class Metrics:
         self.tokens = Counter("tether_gateway_tokens", "Tokens through the gateway", ["kind"], registry=r)
         self.reused_turns = Counter("tether_gateway_reused_turns",
                                     "Assistant turns rendered from the ids the model generated", registry=r)
+        self.resumed_renders = Counter("tether_gateway_resumed_renders",
+                                       "Prompts rendered from the rollout's previous call on", registry=r)
+        self.render_mismatches = Counter("tether_gateway_render_mismatches",
+                                         "Checked prompts that differed from the whole rendering",
+                                         registry=r)
         self.restored = Counter("tether_gateway_restored_rollouts",
                                 "Rollouts this process did not hold, read back from the log", registry=r)
         self.forgotten = Counter("tether_gateway_forgotten_rollouts",

@@ -14,10 +14,14 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.errors import RolloutAlreadySealed, RolloutNotFound
 from gateway.extends import Tip
-from gateway.readback import Recovered
+
+if TYPE_CHECKING:  # annotations only: the log reader imports the APIs, which import the service, which imports this
+    from gateway.readback import Recovered
+    from gateway.render import RenderState
 
 
 @dataclass
@@ -39,6 +43,8 @@ class Rollout:
     unacknowledged: set[str] = field(default_factory=set)
     #: the latest acknowledged answers, oldest first: what a new call's record may extend (gateway.extends)
     tips: deque[Tip] = field(default_factory=deque)
+    #: how its latest call's prompt was rendered: where the next call's rendering resumes (gateway.render)
+    rendered: RenderState | None = None
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -134,6 +140,7 @@ class Rollouts:
         rollout.turns.clear()
         rollout.answers.clear()
         rollout.tips.clear()
+        rollout.rendered = None
         return rollout
 
     def _mark_sealed(self, rollout: Rollout) -> None:

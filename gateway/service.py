@@ -38,7 +38,7 @@ from gateway.gate import Gate
 from gateway.metrics import Metrics
 from gateway.readback import Recovered, RolloutReader
 from gateway.recorder import Recorder
-from gateway.render import Renderer, own_turns
+from gateway.render import Renderer, differs, own_turns
 from gateway.rollouts import Rollout, Rollouts
 from gateway.tool_parsers import ToolParser
 from gateway.upstream import EnginePool
@@ -94,7 +94,7 @@ class Gateway:
 
     def __init__(self, *, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser,
                  engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics,
-                 history: RolloutReader) -> None:
+                 history: RolloutReader, resume_rendering: bool = True, render_check_every: int = 0) -> None:
         self.gateway_id = gateway_id
         self.model = model
         self.renderer = renderer
@@ -107,6 +107,9 @@ class Gateway:
         self.history = history  # the log, where rollouts this process does not hold are read back
         self.version = 0  # the last weight version published; engines that report theirs win
         self._restoring: dict[str, asyncio.Task[Rollout]] = {}
+        self.resume_rendering = resume_rendering
+        self.render_check_every = render_check_every
+        self._renders = 0
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -267,7 +270,20 @@ class Gateway:
     def _render(self, rollout: Rollout, chat: ChatRequest) -> list[int]:
         if chat.raw_prompt is not None:
             return self.renderer.encode(chat.raw_prompt)
-        rendered = self.renderer.render(chat, own_turns(chat, rollout.turns))
+        generated = own_turns(chat, rollout.turns)
+        rendered = self.renderer.render(chat, generated, rollout.rendered if self.resume_rendering else None)
+        self._renders += 1
+        self.metrics.resumed_renders.inc(rendered.resumed)
+        if self.render_check_every and self._renders % self.render_check_every == 0:
+            whole = differs(self.renderer, chat, generated, rendered)
+            if whole is not None:
+                self.metrics.render_mismatches.inc()
+                log.error("rollout %s: the prompt rendered %s differs from the whole rendering (%d and %d ids); "
+                          "the whole one is used", rollout.rollout_id,
+                          "from its previous call" if rendered.resumed else "from remembered pieces",
+                          len(rendered.prompt_ids), len(whole.prompt_ids))
+                rendered = whole
+        rollout.rendered = rendered.state if self.resume_rendering else None
         self.metrics.reused_turns.inc(rendered.reused_turns)
         return rendered.prompt_ids
 

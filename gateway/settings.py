@@ -67,6 +67,16 @@ class GatewaySettings(BaseSettings):
     extendable_calls: int = Field(
         4, ge=0, description="How many of a rollout's latest answers a new call's record may extend (recorded as "
         "the difference: only the tokens and the part of the request it adds); 0 records every call whole.")
+    token_cache_tokens: int = Field(
+        2_000_000, ge=0, description="Token ids of long message pieces remembered across calls and rollouts (a "
+        "harness's system prompt and tools, earlier turns), about 10 bytes each; 0: every call tokenised whole.")
+    resume_rendering: bool = Field(
+        True, description="A call that continues its rollout's previous one renders and tokenises only what it "
+        "adds; false: every call rendered from its first message (the same ids, at a cost that grows with it).")
+    render_check_every: int = Field(
+        0, ge=0, description="Every Nth call is also rendered from its first message and "
+        "tokenised afresh, and the two compared (a mismatch is logged, counted, and the fresh one used); 0: never, "
+        "1: every call.")
     engine_kind: Literal["tether", "vllm", "sglang"] = Field(
         "tether", description="What serves behind `engines`: asked in its own API which version each replica holds.")
     engine_check_s: float = Field(

@@ -17,8 +17,11 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from gateway.pieces import PieceCache
 
 
 def _raise(message: str) -> None:
@@ -38,7 +41,8 @@ def _token_text(value: Any) -> str | None:
 
 
 class ChatTokenizer:
-    def __init__(self, tokenizer: Tokenizer, chat_template: str, special_tokens: dict[str, str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template: str, special_tokens: dict[str, str],
+                 cache_tokens: int = 0) -> None:
         if "eos_token" not in special_tokens:
             raise ValueError("the tokenizer has no eos_token")
         self.backend = tokenizer
@@ -52,10 +56,14 @@ class ChatTokenizer:
         env.filters["tojson"] = _tojson
         env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
         self._template = env.from_string(chat_template)
+        #: the text depends on the inputs alone (no clock): the same conversation always renders the same
+        self.timeless = "strftime_now" not in jinja2.meta.find_undeclared_variables(env.parse(chat_template))
+        self.pieces = PieceCache(tokenizer, cache_tokens)
 
     @classmethod
-    def load(cls, directory: Path) -> ChatTokenizer:
-        """A Hugging Face model directory: tokenizer.json, tokenizer_config.json, chat_template.jinja (optional)."""
+    def load(cls, directory: Path, cache_tokens: int = 0) -> ChatTokenizer:
+        """A Hugging Face model directory: tokenizer.json, tokenizer_config.json, chat_template.jinja (optional).
+        `cache_tokens`: ids of long pieces remembered (gateway.pieces)."""
         config: dict[str, Any] = json.loads((directory / "tokenizer_config.json").read_text())
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
@@ -65,7 +73,7 @@ class ChatTokenizer:
         if not isinstance(template, str):
             raise ValueError(f"{directory} has no chat template")
         special = {k: text for k, v in config.items() if k.endswith("_token") and (text := _token_text(v))}
-        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), template, special)
+        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), template, special, cache_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                             add_generation_prompt: bool) -> str:
@@ -73,6 +81,10 @@ class ChatTokenizer:
                                      add_generation_prompt=add_generation_prompt, **self.special_tokens)
 
     def encode(self, text: str) -> list[int]:
+        return self.pieces.encode(text)
+
+    def encode_whole(self, text: str) -> list[int]:
+        """The tokenizer's own, in one go (what `encode` equals)."""
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

@@ -159,10 +159,22 @@ def gateway_at(port: int, bus: BusSettings, engine: RunningEngine, tiny_model: P
     url, process = spawn(
         ["tether.cli", "gateway", "serve", "--engine", engine.url, "--tokenizer", str(tiny_model), "--port", str(port),
          "--run-id", run_id], log, "the gateway", port,
+        # every prompt the suite sends is rendered both ways: resumed (or from remembered pieces) and whole
         env={"TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "TETHER_GATEWAY_SECRET": SECRET,
-             "TETHER_GATEWAY_ADMIN_KEY": ADMIN_KEY, "TETHER_BUS_DELIVERY_TIMEOUT_S": "5", **env},
+             "TETHER_GATEWAY_ADMIN_KEY": ADMIN_KEY, "TETHER_BUS_DELIVERY_TIMEOUT_S": "5",
+             "TETHER_GATEWAY_RENDER_CHECK_EVERY": "1", **env},
     )
     return RunningGateway(url, run_id, process, log)
+
+
+def render_mismatches(gw: RunningGateway) -> float:
+    """Prompts the gateway rendered otherwise than from their first message (0 where it cannot be asked)."""
+    try:
+        text = httpx.get(f"{gw.url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("tether_gateway_render_mismatches_total"))
 
 
 @contextmanager
@@ -172,6 +184,8 @@ def gateway(bus: BusSettings, engine: RunningEngine, tiny_model: Path, log: Path
     gw = start_gateway(bus, engine, tiny_model, log, run_id or f"run-{uuid.uuid4().hex[:8]}", **env)
     try:
         yield gw
+        mismatches = render_mismatches(gw)
+        assert not mismatches, f"{mismatches:.0f} prompts differed from their whole rendering: see {log}"
     finally:
         stop(gw.process)
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from gateway.chat import ChatRequest, Message, ToolCall, message_key
-from gateway.render import Renderer, own_turns
+from gateway.render import Renderer, differs, own_turns
 from gateway.tokenizer import ChatTokenizer
 from gateway.tool_parsers import HermesParser
 
@@ -131,3 +132,116 @@ def reference_tokenizer(path: Path) -> Any:
     if path not in _reference:
         _reference[path] = AutoTokenizer.from_pretrained(path)
     return _reference[path]
+
+
+# -- resuming from the previous call's rendering -------------------------------------------------------------------
+
+#: like the tiny model's template, but an assistant turn before the last user message loses its text (as templates
+#: that drop earlier reasoning do), and the system turn carries the date: a template whose earlier text changes
+FORGETFUL = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{{- '<|im_start|>system\\nToday is ' + strftime_now('%Y-%m-%d') + '<|im_end|>\\n' }}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if loop.index0 > ns.last_user %}{{- m.content }}{%- endif %}"
+    "{%- for c in m.tool_calls or [] %}{{- '<tool_call>' + c.function.name + '</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+steps = st.lists(st.tuples(
+    st.sampled_from(["tool", "tool", "two tools", "user", "rewrite", "compact", "tools", "repeat", "inject",
+                     "answer"]),
+    st.lists(st.integers(3, 1036), min_size=1, max_size=12),
+    texts), min_size=2, max_size=8)
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps, st.booleans())
+@example([("tool", [40, 41], "a"), ("inject", [300, 5, 900, 17], "b"), ("answer", [9], "c"), ("tool", [7], "d")],
+         False)  # the injected turn gets the model's ids only when the model says it: the earlier decision changes
+def test_a_resumed_rendering_gives_the_ids_of_the_whole_one(tiny_model: Path, plan: list[tuple[str, list[int], str]],
+                                                            forgetful: bool) -> None:
+    """Whatever the harness does between calls (continue with one or two tool results or a user turn, rewrite or
+    drop earlier messages, change its tools, send the same call again, put words in the model's mouth that it says
+    later), and whether the template renders turns as prefixes or not: the prompt resumed from the previous call's
+    rendering is the one rendered from the start."""
+    loaded = ChatTokenizer.load(tiny_model, cache_tokens=10_000)
+    tokenizer = ChatTokenizer(loaded.backend, FORGETFUL, loaded.special_tokens, 10_000) if forgetful else loaded
+    renderer = Renderer(tokenizer)
+    messages: list[Message] = [Message("system", "Answer with the tool."), Message("user", "What is x?")]
+    tools: tuple[dict[str, Any], ...] = TOOLS
+    turns: dict[str, list[list[int]]] = {}
+    state = None
+    resumed = 0
+    said: list[int] = []  # what the harness made the model say (inject), which it then says itself (answer)
+    for action, ids, text in plan:
+        request = ChatRequest(tuple(messages), tools)
+        rendered = renderer.render(request, own_turns(request, turns), after=state)
+        whole = renderer.render(request, own_turns(request, turns), remembered=False)
+        assert rendered.prompt_ids == whole.prompt_ids and rendered.text == whole.text
+        state, resumed = rendered.state, resumed + rendered.resumed
+        generated = said if action == "answer" and said else [*ids, tokenizer.eos_token_id]
+        content, calls = HermesParser().parse(tokenizer.decode(generated, skip_special_tokens=True))
+        if action == "repeat":
+            continue
+        if action == "inject":  # an assistant message the model did not write: its text, until the model writes it
+            messages += [Message("assistant", content, tuple(calls)), Message("user", text or "Go on.")]
+            said = generated
+            continue
+        turns.setdefault(message_key(content, calls), []).append(generated)
+        messages.append(Message("assistant", content, tuple(calls)))
+        if action in ("tool", "two tools"):
+            for n in range(1 + (action == "two tools")):
+                messages.append(Message("tool", f"{text} {n}", tool_call_id=calls[0].id if calls else "c"))
+        elif action == "rewrite":  # context compaction: an earlier message summarised
+            messages[1] = Message("user", f"(summary) {text}")
+        elif action == "compact":
+            messages[2:-1] = []
+        elif action == "tools":
+            tools = () if tools else TOOLS
+        else:
+            messages.append(Message("user", text or "Go on."))
+    if all(a in ("tool", "user") for a, _, _ in plan[:-1]) and not forgetful:
+        assert resumed == len(plan) - 1  # a plain agent loop resumes on every call after the first
+
+
+def test_an_agent_loop_resumes_every_call_and_checks_only_the_new_turn(tokenizer: ChatTokenizer) -> None:
+    """The cost of a call does not grow with its rollout's turns: the template renders twice, whatever came before."""
+    renderer = Renderer(tokenizer)
+    rendered = []
+    original = renderer.template
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        rendered.append(1)
+        return original(*args, **kwargs)
+
+    renderer.template = counting  # type: ignore[method-assign]
+    messages = [Message("system", "Answer with the tool."), Message("user", "What is x?")]
+    turns: dict[str, list[list[int]]] = {}
+    state = None
+    for n in range(12):
+        request = ChatRequest(tuple(messages), TOOLS)
+        rendered.clear()
+        result = renderer.render(request, own_turns(request, turns), after=state)
+        assert result.resumed == (n > 0) and result.reused_turns == n
+        assert len(rendered) == (1 if n == 0 else 2)  # the whole text, and the new turn's end
+        state = result.state
+        ids = [*tokenizer.encode(f'<tool_call>\n{{"name": "lookup", "arguments": {{"q": "{n}"}}}}\n</tool_call>'),
+               tokenizer.eos_token_id]
+        content, calls = HermesParser().parse(tokenizer.decode(ids, skip_special_tokens=True))
+        turns.setdefault(message_key(content, calls), []).append(ids)
+        messages += [Message("assistant", content, tuple(calls)), Message("tool", f"result {n}", tool_call_id="c")]
+
+
+def test_the_check_finds_a_prompt_that_is_not_the_whole_rendering(tokenizer: ChatTokenizer) -> None:
+    renderer = Renderer(tokenizer)
+    request = ChatRequest((Message("system", "Answer with the tool."), Message("user", "What is x?")), TOOLS)
+    rendered = renderer.render(request, lambda i: None)
+    assert differs(renderer, request, lambda i: None, rendered) is None
+    wrong = dataclasses.replace(rendered, prompt_ids=rendered.prompt_ids[:-1])
+    whole = differs(renderer, request, lambda i: None, wrong)
+    assert whole is not None and whole.prompt_ids == rendered.prompt_ids
