@@ -15,12 +15,17 @@ engine's time per call, and the gateway's own time per call: from receiving
 the request to its event being built (rendering the ~25k-token prompt, the
 engine hop excluded, the Kafka acknowledgement not yet), and its mean time
 per call end to end minus the engine's (from its /metrics). And the wall time
-of a rollout (the CLI's start-up included). Writes bench/results/harness_clis.json
+of a rollout (the CLI's start-up included). Then the same rollouts again
+through a gateway that also renders every call from its first message and
+tokenises it whole (TETHER_GATEWAY_RENDER_CHECK_EVERY=1): the share of calls
+rendered from the rollout's previous call, and how many prompts differed from
+the whole rendering (0 is the contract). Writes bench/results/harness_clis.json
 and a plot of prompt sizes and the gateway's time per CLI.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -121,31 +126,11 @@ def main() -> None:
             bus = BusSettings(bootstrap_servers=broker.bootstrap)
             asyncio.run(ensure_topics(bus))
         for cli in CLIS:
-            run_id = f"bench-{cli.name}"
-            engine, engine_process = start_engine(args.engine, model, cli.replies, scratch)
-            gateway, gateway_process = start_gateway(engine, model, bus, run_id, scratch)
-            walls: list[float] = []
-            try:
-                before = server_seconds(gateway)
-                for i in range(args.rollouts):
-                    rollout_id = f"{run_id}-{i}"
-                    httpx.post(f"{gateway}/admin/rollouts", json={"rollout_id": rollout_id},
-                               headers={"authorization": f"Bearer {ADMIN}"}).raise_for_status()
-                    workdir = scratch / rollout_id
-                    workdir.mkdir()
-                    env = {**os.environ, **cli.env(gateway, mint(rollout_id, SECRET), workdir)}
-                    started = time.perf_counter()
-                    done = subprocess.run(cli.argv(), cwd=workdir, env=env, capture_output=True, timeout=900)
-                    walls.append(time.perf_counter() - started)
-                    ok = (workdir / "hello.txt").exists()
-                    console.print(f"{cli.name} rollout {i}: exit {done.returncode}, {walls[-1]:.1f} s"
-                                  + (", wrote hello.txt" if ok else ""))
-                after = server_seconds(gateway)
-            finally:
-                stop(gateway_process)
-                stop(engine_process)
-            calls = [e for e in asyncio.run(read_run_events(bus, run_id)) if isinstance(e, ModelCall)]
-            summary[cli.name] = measure(calls, args.rollouts, walls, after, before)
+            summary[cli.name] = rollouts(cli, args, model, bus, scratch, checked=False)
+            # again, every call's prompt also rendered from its first message and tokenised whole (which costs
+            # what the first pass measured the gateway without): the prompts it served were those ids
+            checked = rollouts(cli, args, model, bus, scratch, checked=True)
+            summary[cli.name].update({k: v for k, v in checked.items() if k.startswith("render")})
     finally:
         broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -160,6 +145,51 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps({"engine": args.engine, "clis": summary}, indent=1))
     console.print(f"figures: {args.out.with_suffix('.json')}")
     plot(summary, args.engine, args.out)
+
+
+def rollouts(cli: Cli, args: argparse.Namespace, model: Path, bus: BusSettings, scratch: Path,
+             checked: bool) -> dict[str, float]:
+    """--rollouts of the CLI through a gateway of its own; `checked`: that gateway renders every call both ways."""
+    run_id = f"bench-{cli.name}" + ("-checked" if checked else "")
+    engine, engine_process = start_engine(args.engine, model, cli.replies, scratch)
+    gateway, gateway_process = start_gateway(engine, model, bus, run_id, scratch,
+                                             {"TETHER_GATEWAY_RENDER_CHECK_EVERY": "1" if checked else "0"})
+    walls: list[float] = []
+    try:
+        before = server_seconds(gateway)
+        for i in range(args.rollouts):
+            rollout_id = f"{run_id}-{i}"
+            httpx.post(f"{gateway}/admin/rollouts", json={"rollout_id": rollout_id},
+                       headers={"authorization": f"Bearer {ADMIN}"}).raise_for_status()
+            workdir = scratch / rollout_id
+            workdir.mkdir()
+            env = {**os.environ, **cli.env(gateway, mint(rollout_id, SECRET), workdir)}
+            started = time.perf_counter()
+            done = subprocess.run(cli.argv(), cwd=workdir, env=env, capture_output=True, timeout=900)
+            walls.append(time.perf_counter() - started)
+            ok = (workdir / "hello.txt").exists()
+            console.print(f"{cli.name} rollout {i}{' (checked)' if checked else ''}: exit {done.returncode}, "
+                          f"{walls[-1]:.1f} s" + (", wrote hello.txt" if ok else ""))
+        after = server_seconds(gateway)
+        rendering = counters(gateway, ("tether_gateway_resumed_renders_total",
+                                       "tether_gateway_render_mismatches_total"))
+    finally:
+        stop(gateway_process)
+        stop(engine_process)
+    calls = [e for e in asyncio.run(read_run_events(bus, run_id)) if isinstance(e, ModelCall)]
+    figures = measure(calls, args.rollouts, walls, after, before)
+    figures["rendering resumed %"] = 100.0 * rendering[0] / len(calls) if calls else float("nan")
+    figures["render mismatches"] = rendering[1]
+    return figures
+
+
+def counters(gateway: str, names: tuple[str, ...]) -> list[float]:
+    found = dict.fromkeys(names, 0.0)
+    for line in httpx.get(f"{gateway}/metrics").text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = float(value)
+    return list(found.values())
 
 
 def plot(summary: dict[str, dict[str, float]], engine: str, out: Path) -> None:
