@@ -18,15 +18,12 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 from rich.console import Console
 from rich.progress import Progress
@@ -37,6 +34,7 @@ from schemas.admin import ensure_topics
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 
+from _load import Result, cpu_seconds, load, rss_mb
 from _shared import arguments, pyplot, save, scratch_broker
 
 console = Console(width=max(150, shutil.get_terminal_size().columns))  # tables stay whole in logs
@@ -45,51 +43,6 @@ LEVELS = (1, 16, 64)
 REPLY = "Sure, here is a short answer."
 MESSAGES = [{"role": "system", "content": "You are a helpful agent."},
             {"role": "user", "content": "Summarise the file in one line."}]
-
-
-@dataclass
-class Result:
-    latencies: list[float]
-    seconds: float
-
-    @property
-    def p50(self) -> float:
-        return statistics.median(self.latencies) * 1000
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.latencies) * 1000
-
-    @property
-    def p99(self) -> float:
-        return sorted(self.latencies)[int(0.99 * (len(self.latencies) - 1))] * 1000
-
-    @property
-    def rate(self) -> float:
-        return len(self.latencies) / self.seconds
-
-
-async def load(url: str, bodies: list[dict[str, Any]], headers: list[dict[str, str]], concurrency: int,
-               stream: bool) -> Result:
-    """`concurrency` clients send the bodies back to back; latency is until the last byte."""
-    latencies: list[float] = []
-    queue = list(range(len(bodies)))
-    connector = aiohttp.TCPConnector(limit=concurrency * 2)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def client() -> None:
-            while queue:
-                i = queue.pop()
-                started = time.perf_counter()
-                async with session.post(url, json={**bodies[i], "stream": stream}, headers=headers[i]) as r:
-                    if r.status != 200:
-                        raise SystemExit(f"{url} answered {r.status}: {await r.text()}")
-                    await r.read()
-                latencies.append(time.perf_counter() - started)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*[client() for _ in range(concurrency)])
-        return Result(latencies, time.perf_counter() - t0)
 
 
 def register(gateway: str, n: int) -> list[str]:
@@ -110,18 +63,6 @@ def warm(engine: str, gateway: str, direct_body: dict[str, Any], tokens: list[st
     for stream in (False, True):
         asyncio.run(load(f"{engine}/v1/completions", [direct_body] * calls, [{}] * calls, 8, stream))
         asyncio.run(load(f"{gateway}/v1/chat/completions", bodies, headers, 8, stream))
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main() -> None:

@@ -53,7 +53,49 @@ def create_app(tokenizer_dir: str, replies: list[str]) -> FastAPI:
 
     tokenizer = add_completions(app, tokenizer_dir, scripted)
     tool_results.append(int(tokenizer.convert_tokens_to_ids("<tool_response>")))
+    add_chat(app, tokenizer, scripted)
     return app
+
+
+def add_chat(app: FastAPI, tokenizer: Any, reply: Callable[[list[int]], str]) -> None:
+    """vLLM's /v1/chat/completions on `app`, for gateways that forward chat calls as they are (the peer gateway
+    of bench/peer_gateway.py): the messages rendered with the model's template, `reply(prompt)` as the assistant's
+    text, and with `return_token_ids` the prompt's ids at the top and each choice's `token_ids` (vLLM >= 0.10.2),
+    with `logprobs` each token's (-0.5). Streams one chunk of text, then the finish."""
+    end = int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
+
+    @functools.lru_cache(maxsize=64)
+    def render(messages: str) -> tuple[list[int], str, list[int]]:
+        prompt = list(tokenizer.apply_chat_template(json.loads(messages), tokenize=True, add_generation_prompt=True,
+                                                    return_dict=True)["input_ids"])
+        text = reply(prompt)
+        return prompt, text, [*tokenizer(text, add_special_tokens=False)["input_ids"], end]
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> JSONResponse | StreamingResponse:
+        body: dict[str, Any] = json.loads(await request.body())
+        prompt, text, ids = render(json.dumps(body["messages"]))
+        ids = ids[: body.get("max_tokens") or body.get("max_completion_tokens") or len(ids)]
+        extra = {"token_ids": ids} if body.get("return_token_ids") else {}
+        logprobs = ({"content": [{"token": tokenizer.decode([t]), "logprob": -0.5, "bytes": None, "top_logprobs": []}
+                                 for t in ids]} if body.get("logprobs") else None)
+        head = {"id": f"chatcmpl-{time.monotonic_ns()}", "created": int(time.time()), "model": MODEL,
+                **({"prompt_token_ids": prompt} if body.get("return_token_ids") else {})}
+        if not body.get("stream"):
+            return JSONResponse({**head, "object": "chat.completion", "choices": [{
+                "index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": logprobs, "finish_reason": "stop", "stop_reason": None, **extra}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                          "total_tokens": len(prompt) + len(ids)}})
+
+        async def events() -> AsyncIterator[str]:
+            chunk = {**head, "object": "chat.completion.chunk"}
+            for choice in ({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                            "finish_reason": None, **extra}, {"index": 0, "delta": {}, "finish_reason": "stop"}):
+                yield f"data: {json.dumps({**chunk, 'choices': [choice]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]], str],
