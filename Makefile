@@ -69,6 +69,8 @@ bench: setup harnesses
 	$(BIN)/python bench/bus_throughput.py
 	$(BIN)/python bench/engine_throughput.py
 	$(BIN)/python bench/gateway_overhead.py
+	$(BIN)/python bench/peer_gateway.py
+	$(BIN)/python bench/context_cost.py
 	$(BIN)/python bench/controller_launch.py
 	$(BIN)/python bench/pipeline_throughput.py
 	$(BIN)/python bench/trainer_step.py
