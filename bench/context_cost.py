@@ -44,6 +44,7 @@ from schemas.rollout_token import mint
 from schemas.settings import BusSettings
 from stream_processors.replay import read_run_events
 
+from _load import rss_mb
 from _shared import ADMIN, SECRET, arguments, pyplot, save, scratch_broker, start_engine, start_gateway
 
 console = Console(width=max(140, shutil.get_terminal_size().columns))
@@ -111,6 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch, broker = scratch_broker("tether-context-bench-")
     recorded: dict[str, dict[int, list[ModelCall]]] = {}
+    rss: dict[str, dict[int, float]] = {p: {} for p in PATHS}  # the gateway's resident MB after each rollout
     try:
         with console.status("starting Kafka and building the tiny model..."):
             from tether.tiny_model import init_tiny
@@ -140,8 +142,12 @@ def main() -> None:
                             started = time.perf_counter()
                             episode(gateway, mint(rollout_id, SECRET), messages, tools, args.calls,
                                     random.Random(context + 1))
+                            rss[path][context] = rss_mb(process.pid)  # with the rollout open
+                            httpx.post(f"{gateway}/admin/rollouts/{rollout_id}/seal",
+                                       headers={"authorization": f"Bearer {ADMIN}"}).raise_for_status()
                             bar.console.print(f"{path}: context {context:,}, {args.calls + 1} calls in "
-                                              f"{time.perf_counter() - started:.1f} s")
+                                              f"{time.perf_counter() - started:.1f} s, gateway RSS "
+                                              f"{rss[path][context]:.0f} MB")
                             bar.advance(task)
                     finally:
                         stop(process)
@@ -153,14 +159,15 @@ def main() -> None:
     finally:
         broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    report(recorded, args.contexts, args.out)
+    report(recorded, rss, args.contexts, args.out)
 
 
-def report(recorded: dict[str, dict[int, list[ModelCall]]], contexts: list[int], out: Path) -> None:
+def report(recorded: dict[str, dict[int, list[ModelCall]]], rss: dict[str, dict[int, float]], contexts: list[int],
+           out: Path) -> None:
     table = Table(title="The gateway's own time per call (received to recorded, engine excluded), after the "
                         "opening call of each rollout")
     for column in ("context", "prompt tokens p50", *(f"{p} p50 ms" for p in PATHS), "whole / resumed",
-                   *(f"{p} vs smallest" for p in PATHS), "prompts equal"):
+                   *(f"{p} vs smallest" for p in PATHS), "prompts equal", *(f"{p} RSS MB" for p in PATHS)):
         table.add_column(column, justify="right")
     figures: dict[str, dict[int, float]] = {p: {} for p in PATHS}
     for context in contexts:
@@ -173,7 +180,7 @@ def report(recorded: dict[str, dict[int, list[ModelCall]]], contexts: list[int],
         table.add_row(f"{context:,}", f"{tokens:,.0f}", *(f"{figures[p][context]:.2f}" for p in PATHS),
                       f"{figures['whole'][context] / figures['resumed'][context]:.1f}x",
                       *(f"{figures[p][context] / figures[p][contexts[0]]:.2f}x" for p in PATHS),
-                      f"{equal}/{len(pairs)}")
+                      f"{equal}/{len(pairs)}", *(f"{rss[p][context]:.0f}" for p in PATHS))
     console.print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({p: {str(c): v for c, v in f.items()} for p, f in figures.items()},
