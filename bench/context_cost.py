@@ -97,7 +97,7 @@ def episode(gateway: str, token: str, messages: list[dict[str, Any]], tools: lis
             answer = r.json()["choices"][0]["message"]
             messages.append({k: v for k, v in answer.items() if k in ("role", "content", "tool_calls")})
             call_id = (answer.get("tool_calls") or [{"id": "none"}])[0]["id"]
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": text(rng, 160 + n)})
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": text(rng, 50 + n % 7)})
 
 
 def own_ms(call: ModelCall) -> float:

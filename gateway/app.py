@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from gateway.api import harness_router
+from gateway.api.harness import harness_router
 from gateway.control import ControlLoop
 from gateway.gate import Gate
 from gateway.metrics import Metrics

@@ -42,18 +42,29 @@ def _digest(packed: bytes | memoryview) -> bytes:
     return hashlib.blake2b(packed, digest_size=16).digest()
 
 
-def tip(call_id: str, prompt: list[int], response: list[int], request: str) -> Tip:
-    return Tip(call_id, len(prompt) + len(response), _digest(array("i", prompt + response).tobytes()), request)
+def packed(tokens: list[int]) -> memoryview:
+    """Token ids as int32 bytes, what digests are of; a call packs its prompt once for `extension` and `tip`."""
+    return memoryview(array("i", tokens)).cast("B")
 
 
-def extension(tips: Iterable[Tip], prompt: list[int], request: str) -> Extension:
-    """The call recorded against the longest tip its prompt starts with; whole if it starts with none."""
-    packed: memoryview | None = None
+def tip(call_id: str, prompt: list[int] | memoryview, response: list[int], request: str) -> Tip:
+    """`prompt`: its ids, or `packed`."""
+    prompt = prompt if isinstance(prompt, memoryview) else packed(prompt)
+    digest = hashlib.blake2b(prompt, digest_size=16)
+    digest.update(array("i", response))
+    return Tip(call_id, len(prompt) // 4 + len(response), digest.digest(), request)
+
+
+def extension(tips: Iterable[Tip], prompt: list[int], request: str, packed_prompt: memoryview | None = None
+              ) -> Extension:
+    """The call recorded against the longest tip its prompt starts with; whole if it starts with none.
+    `packed_prompt`: `packed(prompt)`, where the caller has it."""
+    packed_ = packed_prompt
     for t in sorted(tips, key=lambda t: -t.length):
         if t.length > len(prompt) or t.length == 0:
             continue
-        packed = packed if packed is not None else memoryview(array("i", prompt).tobytes())
-        if _digest(packed[:t.length * 4]) == t.digest:
+        packed_ = packed_ if packed_ is not None else packed(prompt)
+        if _digest(packed_[:t.length * 4]) == t.digest:
             head, tail, middle = split_request(t.request, request)
             return Extension(t.call_id, prompt[t.length:], head, tail, middle)
     return Extension(None, prompt, 0, 0, request)

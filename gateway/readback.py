@@ -45,9 +45,10 @@ class Recovered:
     tips: list[Tip] = field(default_factory=list)  # acknowledged answers a new call may extend, oldest first
 
 
-def fold(rollout_id: str, history: Iterable[Event], tips: int = 4) -> Recovered | None:
+def fold(rollout_id: str, history: Iterable[Event], tips: int = 4, whole: bool = True) -> Recovered | None:
     """The rollout's state from its events in log order, with its latest `tips` answers as tips; None if the log
-    does not know it. Pure."""
+    does not know it. `whole`: False reads only its calls' ids and seqs and whether it is sealed (what sealing
+    needs), without making each call whole again (a cost that grows with the square of its calls). Pure."""
     state: Recovered | None = None
     turns: list[tuple[int, int, str, list[int]]] = []
     wholes = Wholes()
@@ -59,6 +60,11 @@ def fold(rollout_id: str, history: Iterable[Event], tips: int = 4) -> Recovered 
         if state.sealed:
             continue  # the seal listed the rollout's calls: a call stored after it is not part of it
         if isinstance(event, ModelCall):
+            state.next_seq = max(state.next_seq, event.seq + 1)
+            if event.call_id not in state.acknowledged:
+                state.acknowledged.append(event.call_id)
+            if not whole:
+                continue
             try:
                 event = wholes.add(event)
             except MissingCall:
@@ -66,9 +72,6 @@ def fold(rollout_id: str, history: Iterable[Event], tips: int = 4) -> Recovered 
             else:
                 if event.status == "ok":
                     answered.append(event)
-            state.next_seq = max(state.next_seq, event.seq + 1)
-            if event.call_id not in state.acknowledged:
-                state.acknowledged.append(event.call_id)
             if event.status == "ok" and event.turn_key is not None:
                 turns.append((event.seq, event.choice_index, event.turn_key, event.response_token_ids))
             kept = (stored_id(event.response_json) if event.status == "ok" and event.api == RESPONSES
@@ -93,9 +96,9 @@ class RolloutReader:
         self.bus, self.deadletters, self.window_s, self.name, self.tips = bus, deadletters, window_s, name, tips
         self._closing: set[asyncio.Task[None]] = set()
 
-    async def read(self, rollout_id: str, since: float | None = None) -> Recovered | None:
+    async def read(self, rollout_id: str, since: float | None = None, whole: bool = True) -> Recovered | None:
         """The rollout as the log holds it now. `since`: when it could have started at the earliest (epoch
-        seconds); without it, `window_s` back from now."""
+        seconds); without it, `window_s` back from now. `whole`: as `fold`'s."""
         key = rollout_id.encode()
         start_ms = int(((since if since is not None else time.time() - self.window_s) - 60) * 1000)
         partitions = [TopicPartition(t.name, topics.partition_for(key, t.partitions))
@@ -109,7 +112,7 @@ class RolloutReader:
             found = [r.event async for r in consumer.read_to_end(timeout_ms=100, wanted=lambda r: r.key == key)]
         finally:
             self._close_later(consumer)
-        return fold(rollout_id, found, self.tips)
+        return fold(rollout_id, found, self.tips, whole)
 
     def _close_later(self, consumer: EventConsumer) -> None:
         """Closed off the call's path: under uvloop, closing TLS connections waits for the brokers' close_notify,

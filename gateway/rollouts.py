@@ -14,14 +14,11 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gateway.errors import RolloutAlreadySealed, RolloutNotFound
 from gateway.extends import Tip
-
-if TYPE_CHECKING:  # annotations only: the log reader imports the APIs, which import the service, which imports this
-    from gateway.readback import Recovered
-    from gateway.render import RenderState
+from gateway.readback import Recovered
+from gateway.render import RenderState
 
 
 @dataclass

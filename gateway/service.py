@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from gateway.chat import ChatRequest, Finished, Generation, Started, TokenUsage, message_key
 from gateway.choices import Choices, Delta
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
-from gateway.extends import Extension, extension, tip
+from gateway.extends import Extension, extension, packed, tip
 from gateway.gate import Gate
 from gateway.metrics import Metrics
 from gateway.readback import Recovered, RolloutReader
@@ -132,9 +132,9 @@ class Gateway:
             task.add_done_callback(lambda _: self._restoring.pop(rollout_id, None))
         return await asyncio.shield(task)
 
-    async def _read(self, rollout_id: str, since: float) -> Recovered | None:
+    async def _read(self, rollout_id: str, since: float, whole: bool = True) -> Recovered | None:
         try:
-            return await self.history.read(rollout_id, since)
+            return await self.history.read(rollout_id, since, whole)
         except BusError as exc:
             raise HistoryUnavailable(f"rollout {rollout_id!r} could not be read back from Kafka: {exc}",
                                      retry_after_s=2) from exc
@@ -157,7 +157,7 @@ class Gateway:
         it, whichever replica served them. The call ids are returned."""
         rollout = await self.rollout(rollout_id)
         await self.rollouts.seal(rollout_id)
-        logged = await self._read(rollout_id, rollout.since)
+        logged = await self._read(rollout_id, rollout.since, whole=False)  # its calls' ids are what a seal lists
         if logged is not None and logged.sealed:
             return logged.acknowledged  # sealed before, maybe by another replica: that record stands
         call_ids = [c for c in (logged.acknowledged if logged else []) if c not in rollout.unacknowledged]
@@ -226,7 +226,8 @@ class Gateway:
         """Render, generate, parse, record: the call's way when nothing fails."""
         call, rollout = attempt.call, attempt.rollout
         attempt.prompt = prompt = self._render(rollout, call.chat)
-        attempt.recorded = extension(rollout.tips, prompt, call.request_json)
+        packed_prompt = packed(prompt)
+        attempt.recorded = extension(rollout.tips, prompt, call.request_json, packed_prompt)
         yield Started(len(prompt), attempt.call_id)
         engine_started = time.perf_counter()
         state = Choices(call.chat.sampling.n, self.parser.start_marker)
@@ -251,7 +252,7 @@ class Gateway:
             rollout.answers[call.keep_as] = (call.request_json, outcome.response_json)
         for g, record in zip(generations, records, strict=True):
             self.rollouts.remember_turn(rollout, message_key(g.content, g.tool_calls), g.token_ids)
-            self.rollouts.remember_tip(rollout, tip(record.call_id, prompt, g.token_ids, call.request_json))
+            self.rollouts.remember_tip(rollout, tip(record.call_id, packed_prompt, g.token_ids, call.request_json))
         self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
         self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
         yield Finished(generations=generations, usage=usage, weight_version=version, body=body,

@@ -182,6 +182,11 @@ def test_the_fold_gives_the_next_seq_the_calls_and_the_turns(history: list[tuple
         assert state.turns == [("k", [c.seq, c.seq + 1]) for c in calls if c.status == "ok"]
         # the latest answers are what the next call's record may extend
         assert [t.call_id for t in state.tips] == [c.call_id for c in calls if c.status == "ok"][-4:]
+    # what a seal reads: the same calls, seqs and seal, without making each call whole again
+    ids_only = fold("r", [*others, *calls, *(seal_event + late if sealed else [])], whole=False)
+    assert ids_only is not None
+    assert (ids_only.acknowledged, ids_only.next_seq, ids_only.sealed) == (state.acknowledged, state.next_seq,
+                                                                          state.sealed)
 
 
 def test_own_writes_are_recognised_once_and_bounded() -> None:
