@@ -44,6 +44,7 @@ from rich.table import Table
 
 from infra.processes import stop
 from schemas.admin import ensure_topics
+from schemas.calls import whole
 from schemas.events import ModelCall
 from schemas.rollout_token import mint
 from schemas.settings import BusSettings
@@ -176,7 +177,8 @@ def rollouts(cli: Cli, args: argparse.Namespace, model: Path, bus: BusSettings, 
     finally:
         stop(gateway_process)
         stop(engine_process)
-    calls = [e for e in asyncio.run(read_run_events(bus, run_id)) if isinstance(e, ModelCall)]
+    # whole again: a call that extends another is recorded as what it adds (schemas/calls.py)
+    calls = whole(e for e in asyncio.run(read_run_events(bus, run_id)) if isinstance(e, ModelCall))
     figures = measure(calls, args.rollouts, walls, after, before)
     figures["rendering resumed %"] = 100.0 * rendering[0] / len(calls) if calls else float("nan")
     figures["render mismatches"] = rendering[1]
