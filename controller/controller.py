@@ -223,6 +223,12 @@ class Controller(Generic[S]):
                                failed=True)
             return
         await self.admin.register(launch.rollout_id, self.config.run_id)
+        if not launch.validation and self.state.final is not None:
+            # The trainer's last version arrived while the gateway registered it: nothing it produced would be
+            # trained on, so it never starts. No RolloutStarted, and no seal (one would sit unjoined on the log);
+            # the gateway holds an empty registration until it restarts.
+            log.info("%s not started: the trainer published its final version", launch.rollout_id)
+            return
         started = await self._started(launch)
         try:
             await self.runner.start(spec)

@@ -323,3 +323,43 @@ async def test_validation_rounds_at_the_first_every_nth_and_final_version(
     for s in state.rollouts.values():
         found = claims(keys[s.started.rollout_id], SECRET)
         assert found is not None and found.temperature == s.started.temperature
+
+
+async def test_a_training_rollout_is_not_started_when_the_final_version_lands_while_it_registers(
+        tmp_path: Path) -> None:
+    """The race the validation test once lost: the trainer's final version arrives during the gateway's register
+    call. Nothing that rollout produced could be trained on, so no RolloutStarted is published and no harness
+    starts; a validation rollout in the same position still runs (its round validates that version)."""
+    from controller.controller import Controller
+    from controller.plan import Launch
+    from schemas.events import WeightVersionPublished
+
+    run_id = "run-race"
+    config = load_config(write_run(tmp_path, run_id, [{"id": "t0", "reward": 1.0}]))
+    published: list[Any] = []
+    started: list[str] = []
+
+    class Producer:
+        async def publish(self, event: Any) -> None:
+            published.append(event)
+
+    class Admin:
+        async def register(self, rollout_id: str, run: str) -> None:
+            controller.state.apply(WeightVersionPublished(run_id=run_id, version=3, final=True))
+
+    class Runner:
+        async def start(self, spec: Any) -> None:
+            started.append(spec.rollout_id)
+
+    controller: Controller[Any] = Controller(
+        config, ControllerSettings(), [{"id": "t0"}], runner=Runner(),  # type: ignore[arg-type]
+        spec_of=lambda spec, fill: spec, producer=Producer(), admin=Admin())  # type: ignore[arg-type]
+    controller._watch = lambda spec, at: None  # type: ignore[method-assign,assignment]  # nothing to supervise
+    training = Launch(f"{run_id}-t0-0-0", f"{run_id}-t0", {"id": "t0"}, 0, 0, None)
+    await controller._launch(training)
+    assert published == [] and started == []
+    held_out = Launch(f"{run_id}-h0-v3g-0-0", f"{run_id}-h0.val", {"id": "h0"}, 0, 0, None, validation=True,
+                      temperature=0.0, group_size=1)
+    await controller._launch(held_out)
+    assert [type(e).__name__ for e in published] == ["RolloutStarted"] and started == [held_out.rollout_id]
+    assert published[0].weight_version == 3 and published[0].validation
