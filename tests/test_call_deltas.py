@@ -30,6 +30,21 @@ def test_a_request_is_its_base_s_head_the_middle_and_its_base_s_tail(base: str, 
     assert base[:head] == request[:head] and (head == min(len(base), len(request)) or base[head] != request[head])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 20_000), st.integers(0, 20_000), st.integers(0, 20_000), texts)
+def test_long_requests_split_at_their_first_and_last_difference(seed: int, size: int, cut: int, resume: int,
+                                                                  inserted: str) -> None:
+    """Past the chunk the comparison steps by: the head and tail are still the longest there are."""
+    base = "".join("abc{}"[(i * 7 + seed * i // 13) % 5] for i in range(size))
+    cut, resume = min(cut, size), min(max(cut, resume), size)
+    request = base[:cut] + inserted + base[resume:]
+    head, tail, middle = split_request(base, request)
+    assert join_request(base, head, tail, middle) == request
+    shortest = min(len(base), len(request))
+    assert base[:head] == request[:head] and (head == shortest or base[head] != request[head])
+    assert head + tail == shortest or base[len(base) - tail - 1] != request[len(request) - tail - 1]
+
+
 def test_a_long_request_that_adds_a_message_in_the_middle_is_recorded_as_that_message() -> None:
     tools = ', "tools": [' + ", ".join(f'{{"name": "t{i}"}}' for i in range(2000)) + "]}"
     base = '{"messages": [' + ", ".join(f'"m{i}"' for i in range(3000)) + "]" + tools
