@@ -225,8 +225,8 @@ class Gateway:
     async def _serve(self, attempt: _Attempt, stream: bool) -> AsyncGenerator[Started | Delta | Finished]:
         """Render, generate, parse, record: the call's way when nothing fails."""
         call, rollout = attempt.call, attempt.rollout
-        attempt.prompt = prompt = self._render(rollout, call.chat)
-        packed_prompt = packed(prompt)
+        attempt.prompt, packed_prompt = self._render(rollout, call.chat)
+        prompt = attempt.prompt
         attempt.recorded = extension(rollout.tips, prompt, call.request_json, packed_prompt)
         yield Started(len(prompt), attempt.call_id)
         engine_started = time.perf_counter()
@@ -268,11 +268,14 @@ class Gateway:
         rollout = await self.rollout(rollout_id, issued_at)
         return len(self.renderer.render(chat, own_turns(chat, rollout.turns)).prompt_ids)
 
-    def _render(self, rollout: Rollout, chat: ChatRequest) -> list[int]:
+    def _render(self, rollout: Rollout, chat: ChatRequest) -> tuple[list[int], bytes]:
+        """The prompt's ids, and packed."""
         if chat.raw_prompt is not None:
-            return self.renderer.encode(chat.raw_prompt)
-        generated = own_turns(chat, rollout.turns)
-        rendered = self.renderer.render(chat, generated, rollout.rendered if self.resume_rendering else None)
+            ids = self.renderer.encode(chat.raw_prompt)
+            return ids, packed(ids)
+        after = rollout.rendered if self.resume_rendering else None
+        generated = own_turns(chat, rollout.turns, after)
+        rendered = self.renderer.render(chat, generated, after)
         self._renders += 1
         self.metrics.resumed_renders.inc(rendered.resumed)
         if self.render_check_every and self._renders % self.render_check_every == 0:
@@ -286,7 +289,7 @@ class Gateway:
                 rendered = whole
         rollout.rendered = rendered.state if self.resume_rendering else None
         self.metrics.reused_turns.inc(rendered.reused_turns)
-        return rendered.prompt_ids
+        return rendered.prompt_ids, rendered.packed
 
     async def _generate(self, rollout: Rollout, prompt: list[int], chat: ChatRequest, stream: bool
                         ) -> AsyncIterator[dict[str, Any]]:

@@ -11,6 +11,9 @@ the two render alike.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,20 @@ def _raise(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+#: within `ChatTokenizer.same_inputs`: what `tojson` wrote, by the object and its options
+_written: ContextVar[dict[tuple[Any, ...], tuple[Any, str]] | None] = ContextVar("_written", default=None)
+
+
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    written = _written.get()
+    key = (id(x), ensure_ascii, indent, separators, sort_keys)
+    if written is not None and (hit := written.get(key)) is not None and hit[0] is x:
+        return hit[1]
+    text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    if written is not None:
+        written[key] = (x, text)  # x is held: its id cannot be another object's while this lasts
+    return text
 
 
 def _token_text(value: Any) -> str | None:
@@ -79,6 +93,16 @@ class ChatTokenizer:
                             add_generation_prompt: bool) -> str:
         return self._template.render(messages=messages, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt, **self.special_tokens)
+
+    @contextmanager
+    def same_inputs(self) -> Iterator[None]:
+        """Renderings of the same objects inside: `tojson` writes each once (a rollout's tools, in every rendering
+        of a call). The sandbox is immutable, so no template can change what was written."""
+        token = _written.set({})
+        try:
+            yield
+        finally:
+            _written.reset(token)
 
     def encode(self, text: str) -> list[int]:
         return self.pieces.encode(text)

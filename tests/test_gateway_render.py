@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from gateway.chat import ChatRequest, Message, ToolCall, message_key
-from gateway.render import Renderer, differs, own_turns
+from gateway.render import Renderer, differs, own_turns, probe_stub
 from gateway.tokenizer import ChatTokenizer
 from gateway.tool_parsers import HermesParser
 
@@ -152,25 +152,49 @@ FORGETFUL = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+#: the same without the clock: timeless, so a stub is tried, and the probe must find it is not local
+REASONING = FORGETFUL.replace("'<|im_start|>system\\nToday is ' + strftime_now('%Y-%m-%d') + '<|im_end|>\\n'",
+                              "'<|im_start|>system\\nBe helpful.<|im_end|>\\n'")
+#: the tiny model's own, but each turn numbered: its text depends on its place in the conversation
+NUMBERED = "{%- for m in messages %}{{- '<|im_start|>' + m.role + ' ' + loop.index|string + '\\n' + m.content + " \
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+TEMPLATES = {"forgetful": FORGETFUL, "reasoning": REASONING, "numbered": NUMBERED}
+
+
+@pytest.mark.parametrize(("name", "why"), [("forgetful", None), ("reasoning", "depends on more than"),
+                                           ("numbered", "depends on more than")])
+def test_the_probe_lets_only_a_local_template_render_beside_a_stub(tiny_model: Path, name: str,
+                                                                   why: str | None) -> None:
+    loaded = ChatTokenizer.load(tiny_model)
+    assert Renderer(loaded).stub is not None
+    other = ChatTokenizer(loaded.backend, TEMPLATES[name], loaded.special_tokens)
+    assert Renderer(other).stub is None  # a clock: never probed; the others fail it
+    if why is not None:
+        stub, reason = probe_stub(Renderer(other, stub=False).template)
+        assert stub is None and why in reason
+
+
 steps = st.lists(st.tuples(
-    st.sampled_from(["tool", "tool", "two tools", "user", "rewrite", "compact", "tools", "repeat", "inject",
+    st.sampled_from(["tool", "tool", "two tools", "user", "rewrite", "compact", "tools", "repeat", "late", "inject",
                      "answer"]),
     st.lists(st.integers(3, 1036), min_size=1, max_size=12),
     texts), min_size=2, max_size=8)
 
 
 @settings(max_examples=80, deadline=None)
-@given(steps, st.booleans())
+@given(steps, st.sampled_from(["tiny", *TEMPLATES]))
 @example([("tool", [40, 41], "a"), ("inject", [300, 5, 900, 17], "b"), ("answer", [9], "c"), ("tool", [7], "d")],
-         False)  # the injected turn gets the model's ids only when the model says it: the earlier decision changes
+         "tiny")  # the injected turn gets the model's ids only when the model says it: the earlier decision changes
 def test_a_resumed_rendering_gives_the_ids_of_the_whole_one(tiny_model: Path, plan: list[tuple[str, list[int], str]],
-                                                            forgetful: bool) -> None:
-    """Whatever the harness does between calls (continue with one or two tool results or a user turn, rewrite or
-    drop earlier messages, change its tools, send the same call again, put words in the model's mouth that it says
-    later), and whether the template renders turns as prefixes or not: the prompt resumed from the previous call's
-    rendering is the one rendered from the start."""
+                                                            template: str) -> None:
+    """Whatever the harness does between calls (continue with one or two tool results or a user turn, add a result
+    before the model answers, rewrite or drop earlier messages, change its tools, send the same call again, put
+    words in the model's mouth that it says later), and whatever the template (local, rendered beside a stub;
+    rewriting earlier turns; numbering them; with a clock): the prompt resumed from the previous call's rendering
+    is the one rendered from the start."""
     loaded = ChatTokenizer.load(tiny_model, cache_tokens=10_000)
-    tokenizer = ChatTokenizer(loaded.backend, FORGETFUL, loaded.special_tokens, 10_000) if forgetful else loaded
+    tokenizer = loaded if template == "tiny" else ChatTokenizer(loaded.backend, TEMPLATES[template],
+                                                                loaded.special_tokens, 10_000)
     renderer = Renderer(tokenizer)
     messages: list[Message] = [Message("system", "Answer with the tool."), Message("user", "What is x?")]
     tools: tuple[dict[str, Any], ...] = TOOLS
@@ -180,13 +204,18 @@ def test_a_resumed_rendering_gives_the_ids_of_the_whole_one(tiny_model: Path, pl
     said: list[int] = []  # what the harness made the model say (inject), which it then says itself (answer)
     for action, ids, text in plan:
         request = ChatRequest(tuple(messages), tools)
-        rendered = renderer.render(request, own_turns(request, turns), after=state)
+        rendered = renderer.render(request, own_turns(request, turns, state), after=state)
         whole = renderer.render(request, own_turns(request, turns), remembered=False)
         assert rendered.prompt_ids == whole.prompt_ids and rendered.text == whole.text
         state, resumed = rendered.state, resumed + rendered.resumed
         generated = said if action == "answer" and said else [*ids, tokenizer.eos_token_id]
         content, calls = HermesParser().parse(tokenizer.decode(generated, skip_special_tokens=True))
         if action == "repeat":
+            continue
+        if action == "late":  # one more tool result (or a note) before the model answers: the text before it changes
+            last = messages[-1]
+            messages.append(Message("tool", text, tool_call_id=last.tool_call_id) if last.role == "tool"
+                            else Message("user", text or "Also this."))
             continue
         if action == "inject":  # an assistant message the model did not write: its text, until the model writes it
             messages += [Message("assistant", content, tuple(calls)), Message("user", text or "Go on.")]
@@ -205,19 +234,21 @@ def test_a_resumed_rendering_gives_the_ids_of_the_whole_one(tiny_model: Path, pl
             tools = () if tools else TOOLS
         else:
             messages.append(Message("user", text or "Go on."))
-    if all(a in ("tool", "user") for a, _, _ in plan[:-1]) and not forgetful:
+    if all(a in ("tool", "user") for a, _, _ in plan[:-1]) and template == "tiny":
         assert resumed == len(plan) - 1  # a plain agent loop resumes on every call after the first
 
 
-def test_an_agent_loop_resumes_every_call_and_checks_only_the_new_turn(tokenizer: ChatTokenizer) -> None:
-    """The cost of a call does not grow with its rollout's turns: the template renders twice, whatever came before."""
+def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokenizer: ChatTokenizer) -> None:
+    """The cost of a call does not grow with its rollout's turns: the template renders three times, a stub of two
+    messages and the two added, however long the conversation."""
     renderer = Renderer(tokenizer)
-    rendered = []
+    assert renderer.stub is not None  # the tiny model's template is local
+    rendered: list[int] = []
     original = renderer.template
 
-    def counting(*args: Any, **kwargs: Any) -> str:
-        rendered.append(1)
-        return original(*args, **kwargs)
+    def counting(messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> str:
+        rendered.append(len(messages))
+        return original(messages, *args, **kwargs)
 
     renderer.template = counting  # type: ignore[method-assign]
     messages = [Message("system", "Answer with the tool."), Message("user", "What is x?")]
@@ -226,9 +257,12 @@ def test_an_agent_loop_resumes_every_call_and_checks_only_the_new_turn(tokenizer
     for n in range(12):
         request = ChatRequest(tuple(messages), TOOLS)
         rendered.clear()
-        result = renderer.render(request, own_turns(request, turns), after=state)
-        assert result.resumed == (n > 0) and result.reused_turns == n
-        assert len(rendered) == (1 if n == 0 else 2)  # the whole text, and the new turn's end
+        result = renderer.render(request, own_turns(request, turns, state), after=state)
+        whole = Renderer(tokenizer, stub=False).render(request, own_turns(request, turns))
+        assert result.prompt_ids == whole.prompt_ids and result.packed == whole.packed
+        assert result.resumed == (n > 0) and result.stub == (n > 0) and result.reused_turns == n
+        # the whole text once; then the stub, the stub and both added (open), the stub and the answer (closed)
+        assert rendered == ([2] if n == 0 else [2, 4, 3])
         state = result.state
         ids = [*tokenizer.encode(f'<tool_call>\n{{"name": "lookup", "arguments": {{"q": "{n}"}}}}\n</tool_call>'),
                tokenizer.eos_token_id]
