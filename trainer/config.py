@@ -58,6 +58,18 @@ class EngineConfig(BaseModel):
         return self
 
 
+class LoraSettings(BaseModel):
+    """Low-rank adapters (`trainer/lora.py`): peft's LoraConfig, with the names verl uses for them."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(16, ge=1, description="r: the adapters' rank (verl: lora_rank).")
+    alpha: int = Field(32, gt=0, description="lora_alpha: the adapter's output is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="lora_dropout on the adapters' input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="The modules that get adapters: all-linear (every linear layer but the output "
+                                  "head, as peft and verl mean it) or names such as [q_proj, v_proj].")
+
+
 class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -117,6 +129,8 @@ class TrainerConfig(BaseModel):
     workers: int = Field(2, ge=1, description="With backend verl: data-parallel workers (one per GPU; CPU "
                                               "processes where there is none).")
     seed: int = 0
+    lora: LoraSettings | None = Field(None, description="Train low-rank adapters instead of every weight: the "
+                                                        "base stays frozen; checkpoints hold the adapter.")
     logger: list[Logger] = Field(
         default_factory=lambda: list(DEFAULT_LOGGERS),
         description="Where every update's metrics go, as verl's trainer.logger (verl's tracking layer): "
@@ -157,6 +171,15 @@ class TrainerConfig(BaseModel):
         if self.backend == "verl" and self.kl_coef > 0:
             raise ValueError("kl_coef: the verl backend starts no reference workers, so it cannot apply a KL "
                              "penalty; set kl_coef: 0 or use backend torch")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_where_built(self) -> TrainerConfig:
+        if self.lora is not None and self.backend == "verl":
+            raise ValueError("lora: the verl backend does not train adapters yet; use backend torch")
+        if self.lora is not None and self.engine is not None:
+            raise ValueError("lora: engines are not yet handed adapters as weight versions; run without engine "
+                             "(or merge a checkpoint with `tether model export --merge` to serve it)")
         return self
 
     @model_validator(mode="after")

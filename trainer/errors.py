@@ -2,6 +2,7 @@
 
     TrainerError
     ├── ConfigError      the trainer's configuration is invalid (names the field)
+    ├── CheckpointMismatch  a checkpoint does not fit what restores it (an adapter trained on another base)
     ├── DrainTimeout     a gateway did not report GatewayDrained in time (the update is aborted)
     ├── EngineError      the engine refused or did not load a new weight version
     ├── WorkersLost      a worker of the verl backend died, or its process group broke
@@ -16,6 +17,10 @@ class TrainerError(Exception):
 
 
 class ConfigError(TrainerError):
+    pass
+
+
+class CheckpointMismatch(TrainerError):
     pass
 
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from trainer import checkpoint, step
+from trainer import checkpoint, lora, step
 from trainer.advantages import ScoredGroups
 from trainer.algorithms import LossConfig
 from trainer.batch import build_batch
 from trainer.checkpoint import TrainerState
 from trainer.config import TrainerConfig
 from trainer.engines.broadcast import ModuleSender, Sender
+from trainer.errors import ConfigError
 from trainer.metrics import UpdateMetrics
 from trainer.step import StepConfig
 
@@ -49,25 +51,40 @@ class TorchLearner:
     """An `UpdateBackend` on a Hugging Face causal LM held in this process."""
 
     def __init__(self, *, config: TrainerConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer,
-                 reference: PreTrainedModel | None = None) -> None:
+                 reference: PreTrainedModel | None = None, base_digest: str | None = None) -> None:
         self.config, self.model, self.optimizer, self.reference = config, model, optimizer, reference
+        self.base_digest = base_digest  # with lora: the base's, written with every checkpoint
         self.step = step_config(config)
 
     @classmethod
     def load(cls, config: TrainerConfig, device: torch.device, found: Path | None) -> TorchLearner:
         """From the checkpoint `found` (weights and optimiser), else from the starting model; the KL reference is
-        always the starting model."""
+        always the starting model (with lora: the policy itself, its adapter switched off)."""
         torch.manual_seed(config.seed)
-        model = _pretrained(found or config.model, device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+        digest = None
+        if config.lora is not None:
+            digest = lora.base_digest(config.model)
+            base = _pretrained(config.model, device)
+            adapted = lora.restore(base, config.model, found) if found is not None else lora.wrap(base, config.lora)
+            model: PreTrainedModel = adapted  # type: ignore[assignment]  # a PeftModel forwards like its base
+        else:
+            if found is not None and lora.is_adapter(found):
+                raise ConfigError(f"{found} holds an adapter: restoring it needs the lora: settings it was trained "
+                                  "with")
+            model = _pretrained(found or config.model, device)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay,
                                       eps=config.adam_eps)
         if found is not None:
             optimizer.load_state_dict(torch.load(found / "optimizer.pt", map_location=device))
         reference = None
         if config.kl_coef > 0:
-            reference = _pretrained(config.model, device).eval()
-            reference.requires_grad_(False)
-        return cls(config=config, model=model, optimizer=optimizer, reference=reference)
+            if config.lora is not None:
+                reference = model  # step.py turns the adapter off for it
+            else:
+                reference = _pretrained(config.model, device).eval()
+                reference.requires_grad_(False)
+        return cls(config=config, model=model, optimizer=optimizer, reference=reference, base_digest=digest)
 
     def update(self, scored: ScoredGroups, version: int) -> UpdateMetrics:
         if not scored.groups:
@@ -85,5 +102,9 @@ class TorchLearner:
         pass  # everything lives in this process
 
     def _write(self, folder: Path) -> None:
-        self.model.save_pretrained(folder, safe_serialization=True)  # config + model.safetensors: loadable anywhere
+        if isinstance(self.model, PeftModel):
+            assert self.base_digest is not None
+            lora.write(self.model, folder, self.config.model, self.base_digest)
+        else:  # config + model.safetensors: loadable anywhere
+            self.model.save_pretrained(folder, safe_serialization=True)
         torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")

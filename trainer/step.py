@@ -41,6 +41,19 @@ def token_log_probs(model: PreTrainedModel, rows: DataProto, temperature: float)
     return logprobs_from_logits(logits, t["targets"]), entropy_from_logits(logits)
 
 
+def reference_log_probs(model: PreTrainedModel, reference: PreTrainedModel | None, rows: DataProto,
+                        temperature: float) -> torch.Tensor | None:
+    """The KL reference's log-probabilities of the targets. A reference that is the policy itself is a policy with
+    a low-rank adapter (`trainer/lora.py`): the reference is its base, the adapter switched off."""
+    if reference is None:
+        return None
+    with torch.no_grad():
+        if reference is model:
+            with model.disable_adapter():  # type: ignore[operator]  # a PeftModel's context manager
+                return token_log_probs(model, rows, temperature)[0]
+        return token_log_probs(reference, rows, temperature)[0]
+
+
 def trimmed(rows: DataProto) -> DataProto:
     """The rows without the padding columns they all share at the end."""
     used = (rows.batch["segment_ids"] >= 0).any(0).nonzero()
@@ -113,10 +126,7 @@ def _step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: DataP
         if share == 0:
             continue
         log_prob, entropy = token_log_probs(model, rows, config.temperature)
-        ref = None
-        if reference is not None:
-            with torch.no_grad():
-                ref = token_log_probs(reference, rows, config.temperature)[0]
+        ref = reference_log_probs(model, reference, rows, config.temperature)
         loss, metrics = policy_loss(
             log_prob=log_prob, prox_log_prob=r["prox_log_probs"] if prox else log_prob.detach(),
             behaviour_log_prob=r["behaviour_log_probs"], advantages=r["advantages"], mask=r["loss_mask"],

@@ -1,0 +1,102 @@
+"""Low-rank adapters: the policy as a frozen base plus an adapter that alone trains, is checkpointed and moves.
+
+With `lora:` in the trainer config the torch learner wraps the starting model
+with peft: only the adapter's parameters take gradients, so the optimiser's
+state and each checkpoint hold only them (megabytes, not the model), and the
+KL reference is the same model with its adapter switched off, at no memory
+cost. A checkpoint names the base it was trained on by a digest of the base's
+weights (`base.json`): an adapter means nothing on other weights, so restoring
+it onto another base is refused. `merge` writes base and adapter as one plain
+Hugging Face folder for those who serve without adapters.
+
+Checkpoint layout (beside `state.json` and `optimizer.pt`):
+
+    adapter_config.json, adapter_model.safetensors   peft's own files (what vLLM's and SGLang's LoRA routes load)
+    base.json                                        {"path": ..., "digest": ...} of the base
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from trainer.config import LoraSettings
+from trainer.errors import CheckpointMismatch
+
+BASE_FILE = "base.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def is_adapter(folder: Path) -> bool:
+    """Whether a checkpoint folder holds an adapter rather than whole weights."""
+    return (folder / ADAPTER_FILES[0]).exists()
+
+
+def base_digest(base: Path) -> str:
+    """A digest of the base's weight files (names, sizes and bytes): the same weights, the same digest."""
+    digest = hashlib.sha256()
+    files = sorted(base.glob("*.safetensors")) or sorted(base.glob("*.bin"))
+    if not files:
+        raise CheckpointMismatch(f"{base} holds no weight files (*.safetensors or *.bin)")
+    for path in files:
+        digest.update(f"{path.name}|{path.stat().st_size}|".encode())
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def peft_config(settings: LoraSettings) -> LoraConfig:
+    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                      target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
+
+
+def wrap(base: PreTrainedModel, settings: LoraSettings) -> PeftModel:
+    """A fresh adapter on `base` (its B matrices zero: the policy starts as the base); the base frozen."""
+    model = get_peft_model(base, peft_config(settings))
+    assert isinstance(model, PeftModel)
+    return model
+
+
+def restore(base: PreTrainedModel, base_dir: Path, folder: Path) -> PeftModel:
+    """The adapter of checkpoint `folder` on `base`, trainable; refused if it was trained on other weights."""
+    check_base(folder, base_dir)
+    model = PeftModel.from_pretrained(base, folder, is_trainable=True)
+    return model
+
+
+def write(model: PeftModel, folder: Path, base_dir: Path, digest: str) -> None:
+    """The adapter's files and the base's identity."""
+    model.save_pretrained(str(folder), safe_serialization=True)
+    (folder / BASE_FILE).write_text(json.dumps({"path": str(base_dir), "digest": digest}))
+
+
+def check_base(folder: Path, base_dir: Path) -> None:
+    written = folder / BASE_FILE
+    if not written.exists():
+        raise CheckpointMismatch(f"{folder} holds an adapter but not the identity of its base ({BASE_FILE})")
+    recorded = json.loads(written.read_text())
+    if recorded.get("digest") != base_digest(base_dir):
+        raise CheckpointMismatch(
+            f"the adapter in {folder} was trained on the base at {recorded.get('path')} (digest "
+            f"{str(recorded.get('digest'))[:12]}), not on the weights at {base_dir}: an adapter means nothing on "
+            "other weights")
+
+
+def merge(folder: Path, base_dir: Path, out: Path) -> Path:
+    """Base and the adapter of checkpoint `folder` merged into one plain Hugging Face folder at `out`."""
+    check_base(folder, base_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, folder).merge_and_unload()
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                 "generation_config.json"):
+        if (base_dir / name).exists() and not (out / name).exists():
+            (out / name).write_bytes((base_dir / name).read_bytes())
+    return out
