@@ -27,9 +27,11 @@ from engine import attention
 from engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
 from engine.forward import decode_logits, supports_direct
 from engine.kv_batch import KV, KVBatch, cache_tensors
+from engine.lora import Adapters
 from engine.prefix_cache import PrefixCache
 from engine.sampling import SamplingParams, sample
 from engine.text import TextStream
+from schemas.adapters import is_adapter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,8 +100,10 @@ class Engine:
         max_model_len: int | None = None,
         version: int = 0,
         prefix_cache_bytes: int = 512 << 20,
+        base: Path | None = None,
     ) -> None:
         self.model = model.eval()
+        self.adapters = Adapters(model, base)  # versions that are low-rank adapters on these weights
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -246,7 +250,17 @@ class Engine:
             model.load_state_dict(state, strict=False)
 
     async def load_checkpoint(self, path: str, version: int) -> None:
-        state = await asyncio.to_thread(_read_safetensors, Path(path), str(self.device))
+        """Whole weights, or an adapter on the base this engine started with (switched in, not merged)."""
+        folder = Path(path)
+        if is_adapter(folder):
+            loaded = await asyncio.to_thread(self.adapters.read, folder, str(self.device))
+            async with self.exclusive(version):
+                self.adapters.switch(loaded)
+            return
+        if self.adapters.active is not None:
+            raise InvalidRequest(f"checkpoint {path} holds whole weights, but this engine serves adapters on its "
+                                 "base: restart it on those weights", "path")
+        state = await asyncio.to_thread(_read_safetensors, folder, str(self.device))
         missing = set(self.model.state_dict()) - set(state) - _tied_names(self.model)
         if missing:
             raise InvalidRequest(f"checkpoint {path} lacks {sorted(missing)[:3]}...", "path")

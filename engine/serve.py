@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -29,7 +30,8 @@ def load_engine(settings: EngineSettings) -> Engine:
     model = AutoModelForCausalLM.from_pretrained(settings.model, dtype=getattr(torch, settings.dtype))
     model.to(device)  # type: ignore[arg-type]  # transformers' typing of .to rejects a device
     return Engine(model, tokenizer, max_batch=settings.max_batch, max_model_len=settings.max_model_len,
-                  version=settings.weight_version, prefix_cache_bytes=settings.prefix_cache_mb << 20)
+                  version=settings.weight_version, prefix_cache_bytes=settings.prefix_cache_mb << 20,
+                  base=Path(settings.model) if Path(settings.model).is_dir() else None)
 
 
 def serve(settings: EngineSettings) -> None:

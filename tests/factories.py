@@ -146,7 +146,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
     ev.GatewayDrained: st.builds(ev.GatewayDrained, run_id=ids, version=int64, gateway_id=ids, held_calls=int32,
                                  drained_at=stamps),
     ev.WeightVersionPublished: st.builds(ev.WeightVersionPublished, run_id=ids, version=nat64,
-                                         checkpoint_path=st.none() | texts, final=st.booleans(),
+                                         checkpoint_path=st.none() | texts, final=st.booleans(), adapter=st.booleans(),
                                          published_at=stamps),
     ev.UpdateAborted: st.builds(ev.UpdateAborted, run_id=ids, version=int64, reason=texts, aborted_at=stamps),
     ev.GatewayJoined: st.builds(ev.GatewayJoined, run_id=ids, gateway_id=ids, url=texts, joined_at=stamps),

@@ -39,6 +39,16 @@ def base_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
 
 
+def other_base(tiny_model: Path, out: Path) -> Path:
+    """The tiny model with one weight moved: another base, by its digest."""
+    shutil.copytree(tiny_model, out)
+    changed = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        next(changed.parameters()).add_(0.01)
+    changed.save_pretrained(out)
+    return out
+
+
 def test_only_the_adapter_trains_and_the_policy_moves_toward_the_advantage(tiny_model: Path) -> None:
     subject = learner(tiny_model)
     assert isinstance(subject.model, PeftModel)
@@ -83,13 +93,8 @@ def test_an_adapter_is_refused_on_another_base_and_without_lora_settings(tiny_mo
     first = learner(tiny_model)
     first.update(ScoredGroups.of(good_vs_bad(first.model)), version=0)
     final = checkpoint.commit(tmp_path / "run", first.stage(tmp_path / "run", TrainerState(version=1)), 1)
-    other = tmp_path / "other-base"
-    shutil.copytree(tiny_model, other)
-    changed = AutoModelForCausalLM.from_pretrained(other)
-    with torch.no_grad():
-        next(changed.parameters()).add_(0.01)
-    changed.save_pretrained(other)
-    with pytest.raises(CheckpointMismatch, match="trained on the base at"):
+    other = other_base(tiny_model, tmp_path / "other-base")
+    with pytest.raises(CheckpointMismatch, match="was trained on the base at"):
         learner(other, final)
     with pytest.raises(ConfigError, match="holds an adapter"):
         learner(tiny_model, final, lora=None)
@@ -127,6 +132,7 @@ def test_a_merged_export_is_the_policy_as_one_plain_model(tiny_model: Path, tmp_
 def test_lora_settings_are_checked_where_adapters_are_not_built_yet(tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="verl backend does not train adapters"):
         config_for(tiny_model, backend="verl")
-    with pytest.raises(ValueError, match="not yet handed adapters"):
-        config_for(tiny_model, engine_url="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="vllm engines are not yet handed adapters"):
+        config_for(tiny_model, engine={"kind": "vllm", "urls": ["http://127.0.0.1:1"]})
+    assert config_for(tiny_model, engine_url="http://127.0.0.1:1").engine is not None  # the embedded engine serves
     assert config_for(tiny_model).lora == LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules="all-linear")

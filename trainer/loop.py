@@ -181,7 +181,8 @@ class Trainer:
         if pending == run.state.version:
             await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=run.state.version,
                                                               checkpoint_path=str(found),
-                                                              final=self._done(run.state)))
+                                                              final=self._done(run.state),
+                                                              adapter=self.config.lora is not None))
         else:
             await run.producer.publish(UpdateAborted(run_id=self.config.run_id, version=pending,
                                                      reason="the trainer restarted before committing this update"))
@@ -326,7 +327,8 @@ class Trainer:
         run.idle_since = committed
         await run.producer.publish(record.event(self.config.run_id))
         await run.producer.publish(WeightVersionPublished(run_id=self.config.run_id, version=version,
-                                                          checkpoint_path=str(final), final=self._done(state)))
+                                                          checkpoint_path=str(final), final=self._done(state),
+                                                          adapter=self.config.lora is not None))
         log.info("version %d: %d task groups, loss %.4f, mean reward %.3f", version, len(chosen.groups),
                  metrics.loss, record.mean_reward)
         if self.on_update is not None:

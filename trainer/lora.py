@@ -9,7 +9,7 @@ weights (`base.json`): an adapter means nothing on other weights, so restoring
 it onto another base is refused. `merge` writes base and adapter as one plain
 Hugging Face folder for those who serve without adapters.
 
-Checkpoint layout (beside `state.json` and `optimizer.pt`):
+Checkpoint layout (beside `state.json` and `optimizer.pt`; `schemas/adapters.py`):
 
     adapter_config.json, adapter_model.safetensors   peft's own files (what vLLM's and SGLang's LoRA routes load)
     base.json                                        {"path": ..., "digest": ...} of the base
@@ -17,38 +17,26 @@ Checkpoint layout (beside `state.json` and `optimizer.pt`):
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from schemas.adapters import ADAPTER_FILES, base_mismatch, is_adapter, write_base
+from schemas.adapters import base_digest as _digest
 from trainer.config import LoraSettings
 from trainer.errors import CheckpointMismatch
 
-BASE_FILE = "base.json"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-
-
-def is_adapter(folder: Path) -> bool:
-    """Whether a checkpoint folder holds an adapter rather than whole weights."""
-    return (folder / ADAPTER_FILES[0]).exists()
+__all__ = ["ADAPTER_FILES", "base_digest", "check_base", "is_adapter", "merge", "peft_config", "restore", "wrap",
+           "write"]
 
 
 def base_digest(base: Path) -> str:
-    """A digest of the base's weight files (names, sizes and bytes): the same weights, the same digest."""
-    digest = hashlib.sha256()
-    files = sorted(base.glob("*.safetensors")) or sorted(base.glob("*.bin"))
-    if not files:
-        raise CheckpointMismatch(f"{base} holds no weight files (*.safetensors or *.bin)")
-    for path in files:
-        digest.update(f"{path.name}|{path.stat().st_size}|".encode())
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 22):
-                digest.update(chunk)
-    return digest.hexdigest()
+    try:
+        return _digest(base)
+    except ValueError as exc:
+        raise CheckpointMismatch(str(exc)) from exc
 
 
 def peft_config(settings: LoraSettings) -> LoraConfig:
@@ -66,26 +54,19 @@ def wrap(base: PreTrainedModel, settings: LoraSettings) -> PeftModel:
 def restore(base: PreTrainedModel, base_dir: Path, folder: Path) -> PeftModel:
     """The adapter of checkpoint `folder` on `base`, trainable; refused if it was trained on other weights."""
     check_base(folder, base_dir)
-    model = PeftModel.from_pretrained(base, folder, is_trainable=True)
-    return model
+    return PeftModel.from_pretrained(base, folder, is_trainable=True)
 
 
 def write(model: PeftModel, folder: Path, base_dir: Path, digest: str) -> None:
     """The adapter's files and the base's identity."""
     model.save_pretrained(str(folder), safe_serialization=True)
-    (folder / BASE_FILE).write_text(json.dumps({"path": str(base_dir), "digest": digest}))
+    write_base(folder, base_dir, digest)
 
 
 def check_base(folder: Path, base_dir: Path) -> None:
-    written = folder / BASE_FILE
-    if not written.exists():
-        raise CheckpointMismatch(f"{folder} holds an adapter but not the identity of its base ({BASE_FILE})")
-    recorded = json.loads(written.read_text())
-    if recorded.get("digest") != base_digest(base_dir):
-        raise CheckpointMismatch(
-            f"the adapter in {folder} was trained on the base at {recorded.get('path')} (digest "
-            f"{str(recorded.get('digest'))[:12]}), not on the weights at {base_dir}: an adapter means nothing on "
-            "other weights")
+    why = base_mismatch(folder, base_digest(base_dir))
+    if why is not None:
+        raise CheckpointMismatch(why)
 
 
 def merge(folder: Path, base_dir: Path, out: Path) -> Path:

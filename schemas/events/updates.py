@@ -40,6 +40,7 @@ class WeightVersionPublished:
     version: int
     checkpoint_path: str | None = None
     final: bool = False  # the trainer's last update of the run
+    adapter: bool = False  # a low-rank adapter on the run's base (v9), not whole weights
     published_at: datetime = field(default_factory=utcnow)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,140 @@
+"""The embedded engine serves version N with adapter N: switched in on the base it loaded once, its logprobs those
+of the merged model, the prefix cache dropped at each switch, and an adapter of another base refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine.engine import Engine, Request
+from engine.errors import InvalidRequest
+from engine.sampling import SamplingParams
+from tests.test_trainer_backends import good_vs_bad, token_log_probs
+from tests.test_trainer_lora import learner, other_base
+from trainer import checkpoint, lora
+from trainer.advantages import ScoredGroups
+from trainer.checkpoint import TrainerState
+
+PROMPT = [4, 5, 6, 7, 8, 9, 10, 11]
+
+
+def adapters(tiny_model: Path, root: Path, versions: int, **overrides: object) -> list[Path]:
+    """Checkpoints of a LoRA run, one per update."""
+    subject = learner(tiny_model, None, **overrides)
+    out = []
+    for version in range(1, versions + 1):
+        for _ in range(2):
+            subject.update(ScoredGroups.of(good_vs_bad(subject.model)), version=version - 1)
+        out.append(checkpoint.commit(root, subject.stage(root, TrainerState(version=version)), version))
+    return out
+
+
+async def served(engine: Engine) -> tuple[list[int], list[float], set[int]]:
+    request = Request(prompt_ids=PROMPT, max_tokens=6, sampling=SamplingParams(temperature=0), ignore_eos=True)
+    chunks = [c async for c in engine.generate(request)]
+    return ([t for c in chunks for t in c.token_ids], [lp for c in chunks for lp in c.logprobs],
+            {c.version for c in chunks})
+
+
+def merged_log_probs(folder: Path, tiny_model: Path, out: Path, tokens: list[int]) -> list[float]:
+    merged = AutoModelForCausalLM.from_pretrained(lora.merge(folder, tiny_model, out))
+    return token_log_probs(merged, PROMPT + tokens)[len(PROMPT):]
+
+
+async def test_each_version_is_served_with_its_adapter_on_the_base(tiny_model: Path, tmp_path: Path) -> None:
+    first, second = adapters(tiny_model, tmp_path / "run", 2)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    engine = Engine(base, AutoTokenizer.from_pretrained(tiny_model), base=tiny_model)
+    engine.start()
+    try:
+        plain, plain_lp, _ = await served(engine)
+        for version, folder in ((1, first), (2, second)):
+            await engine.load_checkpoint(str(folder), version)
+            assert len(engine.prefixes) == 0  # computed with other weights: dropped
+            tokens, logprobs, seen = await served(engine)
+            assert seen == {version}
+            assert logprobs == pytest.approx(merged_log_probs(folder, tiny_model, tmp_path / f"m{version}", tokens),
+                                             abs=1e-4)
+        assert engine.adapters.active is not None and (tokens, logprobs) != (plain, plain_lp)
+        # one set of LoRA layers, switched in place: the base's weights are the ones it loaded
+        names = [n for n, _ in engine.model.named_parameters()]
+        assert sum(".lora_A." in n for n in names) == sum(".lora_B." in n for n in names) > 0
+        assert len({n.split(".lora_A.")[1] for n in names if ".lora_A." in n}) == 1
+    finally:
+        engine.stop()
+
+
+async def test_an_adapter_with_other_settings_replaces_the_active_one(tiny_model: Path, tmp_path: Path) -> None:
+    from trainer.config import LoraSettings
+
+    (small,) = adapters(tiny_model, tmp_path / "a", 1)
+    (wide,) = adapters(tiny_model, tmp_path / "b", 1, lora=LoraSettings(rank=4, alpha=8, target_modules=["q_proj"]))
+    engine = Engine(AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model),
+                    base=tiny_model)
+    engine.start()
+    try:
+        await engine.load_checkpoint(str(small), 1)
+        await engine.load_checkpoint(str(wide), 2)
+        tokens, logprobs, _ = await served(engine)
+        assert logprobs == pytest.approx(merged_log_probs(wide, tiny_model, tmp_path / "m", tokens), abs=1e-4)
+        adapters_held = {n.split(".lora_A.")[1].split(".")[0] for n, _ in engine.model.named_parameters()
+                         if ".lora_A." in n}
+        assert adapters_held == {engine.adapters.active}
+    finally:
+        engine.stop()
+
+
+async def test_an_adapter_of_another_base_or_whole_weights_after_one_are_refused(tiny_model: Path,
+                                                                                  tmp_path: Path) -> None:
+    (folder,) = adapters(tiny_model, tmp_path / "run", 1)
+    other = other_base(tiny_model, tmp_path / "other")
+    engine = Engine(AutoModelForCausalLM.from_pretrained(other), AutoTokenizer.from_pretrained(other), base=other)
+    engine.start()
+    try:
+        with pytest.raises(InvalidRequest, match="was trained on the base at"):
+            await engine.load_checkpoint(str(folder), 1)
+        assert engine.version == 0 and engine.adapters.active is None  # still serving what it was
+    finally:
+        engine.stop()
+    engine = Engine(AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model),
+                    base=tiny_model)
+    engine.start()
+    try:
+        await engine.load_checkpoint(str(folder), 1)
+        with pytest.raises(InvalidRequest, match="holds whole weights"):
+            await engine.load_checkpoint(str(tiny_model), 2)
+        assert engine.version == 1
+    finally:
+        engine.stop()
+
+
+async def test_the_fleet_hands_adapters_to_a_running_engine_as_versions(tiny_model: Path, tmp_path: Path) -> None:
+    """The trainer's side against `tether engine serve`: the same handshake as whole weights, the same routes."""
+    import httpx
+
+    from infra.processes import stop
+    from tests.test_engine_handover import Server
+    from trainer.config import EngineConfig
+    from trainer.engines.fleet import EngineFleet
+
+    folders = adapters(tiny_model, tmp_path / "run", 2)
+    server = Server("tether", tiny_model, tmp_path / "engine.log")
+    server.start()
+    engines = EngineFleet(EngineConfig(kind="tether", urls=[server.url], timeout_s=60, check_every_s=0.2))
+    try:
+        for version, folder in enumerate(folders, 1):
+            await engines.deliver(folder, version, (folders[version - 2] if version > 1 else tiny_model, version - 1))
+            assert [await r.held() for r in engines.replicas] == [version]
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                body = (await client.post("/v1/completions", json={
+                    "model": str(tiny_model), "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 0,
+                    "ignore_eos": True, "return_token_ids": True})).json()
+            choice = body["choices"][0]
+            expected = merged_log_probs(folder, tiny_model, tmp_path / f"m{version}", choice["token_ids"])
+            assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-4)
+    finally:
+        await engines.aclose()
+        assert server.process is not None
+        stop(server.process)
