@@ -136,3 +136,25 @@ def test_lora_settings_are_checked_where_adapters_are_not_built_yet(tiny_model: 
         config_for(tiny_model, engine={"kind": "vllm", "urls": ["http://127.0.0.1:1"]})
     assert config_for(tiny_model, engine_url="http://127.0.0.1:1").engine is not None  # the embedded engine serves
     assert config_for(tiny_model).lora == LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules="all-linear")
+
+
+def test_tether_model_export_merges_an_adapter_and_says_what_it_needs(tiny_model: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tether.cli.main import app
+
+    subject = learner(tiny_model)
+    subject.update(ScoredGroups.of(good_vs_bad(subject.model)), version=0)
+    final = checkpoint.commit(tmp_path / "run", subject.stage(tmp_path / "run", TrainerState(version=1)), 1)
+    runner = CliRunner()
+    refused = runner.invoke(app, ["model", "export", "--checkpoint", str(final), "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "--merge" in refused.output
+    done = runner.invoke(app, ["model", "export", "--checkpoint", str(final), "--out", str(tmp_path / "merged"),
+                               "--merge"])
+    assert done.exit_code == 0, done.output
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    ids = PROMPT + GOOD
+    assert token_log_probs(merged, ids) == pytest.approx(token_log_probs(subject.model, ids), abs=1e-4)
+    other = runner.invoke(app, ["model", "export", "--checkpoint", str(final), "--out", str(tmp_path / "y"),
+                                "--merge", "--base", str(other_base(tiny_model, tmp_path / "other"))])
+    assert other.exit_code == 2 and "trained on the base at" in other.output
