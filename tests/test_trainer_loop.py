@@ -128,6 +128,45 @@ async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
                         break
 
 
+async def test_a_lora_run_hands_each_adapter_to_the_engine_and_says_so(bus: BusSettings, tiny_model: Path,
+                                                                        tmp_path: Path) -> None:
+    """The same handshake with `lora:`: the checkpoint is an adapter, the engine switches it in on its base, and
+    WeightVersionPublished says it is one; the gateway's next call is served by it."""
+    from trainer.config import LoraSettings
+
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    with serve_engine(tiny_model, tmp_path / "engine.log") as engine, \
+            gateway(bus, engine, tiny_model, tmp_path / "gateway.log", run_id=run_id) as gw:
+        async with EventProducer(bus) as producer:
+            await producer.publish_many(task_groups(run_id, 2))
+        config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt", lr=1e-2,
+                               engine_url=engine.url, batch_groups=2, max_updates=1, zero_variance="keep",
+                               lora=LoraSettings(rank=4, alpha=8), logger=["console"])
+        state = await Trainer(config, bus).run()
+        assert state.version == 1
+        committed = checkpoint.latest(config.run_dir)
+        assert committed is not None and (committed / "adapter_model.safetensors").exists()
+        [published] = [e for e in await control_events(bus, run_id) if isinstance(e, WeightVersionPublished)]
+        assert (published.version, published.adapter, published.checkpoint_path) == (1, True, str(committed))
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert (await client.get(f"{engine.url}/v1/weights")).json()["version"] == 1
+            deadline = time.monotonic() + 30
+            while (await client.get(f"{gw.url}/admin/state", headers=gw.admin())).json()["weight_version"] != 1:
+                assert time.monotonic() < deadline, "the gateway never took version 1"
+                await asyncio.sleep(0.2)
+            token = await asyncio.to_thread(gw.register, f"{run_id}-after")
+            reply = await client.post(f"{gw.url}/v1/chat/completions", headers={"authorization": f"Bearer {token}"},
+                                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                            "max_tokens": 4})
+            assert reply.status_code == 200, reply.text
+        async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
+            async with asyncio.timeout(60):
+                async for received in consumer:
+                    if isinstance(received.event, ModelCall) and received.event.rollout_id == f"{run_id}-after":
+                        assert received.event.weight_version == 1  # served by the adapter of version 1
+                        break
+
+
 class FailsOnce:
     """The torch learner, but its first update fails as the verl backend's does when a worker dies (the
     workers restarted, nothing applied)."""
