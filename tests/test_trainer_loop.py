@@ -71,6 +71,16 @@ async def control_events(bus: BusSettings, run_id: str) -> list[Event]:
         return [r.event async for r in consumer.read_to_end() if run_of(r.event) == run_id]
 
 
+async def version_served(bus: BusSettings, rollout_id: str) -> int:
+    """The weight version the rollout's first recorded call was served by."""
+    async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
+        async with asyncio.timeout(60):
+            async for received in consumer:
+                if isinstance(received.event, ModelCall) and received.event.rollout_id == rollout_id:
+                    return received.event.weight_version
+    raise AssertionError(f"no call of {rollout_id} was recorded")
+
+
 @pytest.fixture(scope="module")
 def own_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
     """An engine of its own: this module changes its weights."""
@@ -120,12 +130,7 @@ async def test_pause_drain_update_resume_with_a_real_gateway_and_engine(
                                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                             "max_tokens": 4})
             assert reply.status_code == 200, reply.text
-        async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
-            async with asyncio.timeout(60):
-                async for received in consumer:
-                    if isinstance(received.event, ModelCall) and received.event.rollout_id == f"{run_id}-after":
-                        assert received.event.weight_version == 1  # served by the new weights
-                        break
+        assert await version_served(bus, f"{run_id}-after") == 1  # served by the new weights
 
 
 async def test_a_lora_run_hands_each_adapter_to_the_engine_and_says_so(bus: BusSettings, tiny_model: Path,
@@ -159,12 +164,7 @@ async def test_a_lora_run_hands_each_adapter_to_the_engine_and_says_so(bus: BusS
                                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                             "max_tokens": 4})
             assert reply.status_code == 200, reply.text
-        async with EventProducer(bus) as dlq, EventConsumer(bus, [topics.CALLS], dlq) as consumer:
-            async with asyncio.timeout(60):
-                async for received in consumer:
-                    if isinstance(received.event, ModelCall) and received.event.rollout_id == f"{run_id}-after":
-                        assert received.event.weight_version == 1  # served by the adapter of version 1
-                        break
+        assert await version_served(bus, f"{run_id}-after") == 1  # served by the adapter of version 1
 
 
 class FailsOnce:
