@@ -16,6 +16,9 @@ from pathlib import Path
 
 BASE_FILE = "base.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+#: The name vLLM and SGLang serve a run's adapter under, version after version: the trainer loads each version's
+#: adapter under it and the gateways ask for it by it
+SERVED_NAME = "tether-lora"
 
 
 def is_adapter(folder: Path) -> bool:

@@ -138,3 +138,63 @@ async def test_the_fleet_hands_adapters_to_a_running_engine_as_versions(tiny_mod
         await engines.aclose()
         assert server.process is not None
         stop(server.process)
+
+
+#: the routes each engine sees per adapter hand-over after the first (the first has no adapter to unload)
+ADAPTER_WIRE = {
+    "vllm": ["/pause", "/v1/load_lora_adapter", "/update_weight_version", "/reset_prefix_cache", "/resume"],
+    "sglang": ["/pause_generation", "/v1/models", "/unload_lora_adapter", "/load_lora_adapter",
+               "/update_weight_version", "/flush_cache", "/continue_generation"],
+}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+async def test_vllm_and_sglang_are_handed_each_adapter_under_one_name(kind: str, tiny_model: Path,
+                                                                      tmp_path: Path) -> None:
+    """Their LoRA routes through the fakes: each version's adapter under `SERVED_NAME` (vLLM in place, SGLang
+    unloaded and loaded), labelled with the version; a failed hand-over puts the previous adapter back."""
+    import httpx
+
+    from infra.processes import free_port, stop
+    from schemas.adapters import SERVED_NAME
+    from tests.conftest import spawn
+    from tests.fakes.held_weights import HeldWeights
+    from trainer.config import EngineConfig
+    from trainer.engines.fleet import EngineFleet
+    from trainer.errors import EngineError
+
+    folders = adapters(tiny_model, tmp_path / "run", 3)
+    port = free_port()
+    module = {"vllm": "tests.fakes.vllm_rl", "sglang": "tests.fakes.sglang"}[kind]
+    url, process = spawn([module, "--model", str(tiny_model), "--port", str(port),
+                          *(["--enable-lora"] if kind == "sglang" else [])], tmp_path / "fake.log", kind, port,
+                         {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"} if kind == "vllm" else None)
+    engines = EngineFleet(EngineConfig(kind=kind, urls=[url], timeout_s=60, check_every_s=0.2))
+    try:
+        async with httpx.AsyncClient(base_url=url) as client:
+            async def fake() -> dict[str, object]:
+                state: dict[str, object] = (await client.get("/fake/state")).json()
+                return state
+
+            for version in (1, 2):
+                before = len((await fake())["calls"])  # type: ignore[arg-type]
+                await engines.deliver(folders[version - 1], version, (tiny_model, version - 1))
+                state = await fake()
+                assert [await r.held() for r in engines.replicas] == [version]
+                assert state["adapters"] == {SERVED_NAME: HeldWeights.read_adapter(folders[version - 1])}
+                calls = [c for c in state["calls"][before:] if c not in ("/weight_info", "/model_info")]  # type: ignore[index]
+                expected = ADAPTER_WIRE[kind] if version > 1 else [c for c in ADAPTER_WIRE[kind]
+                                                                    if c != "/unload_lora_adapter"]
+                assert calls == expected
+            cards = (await client.get("/v1/models")).json()["data"]
+            assert [c["id"] for c in cards if c.get("parent")] == [SERVED_NAME]
+            assert (await client.post("/fake/fail", json={"path": "/resume" if kind == "vllm" else
+                                                          "/continue_generation", "times": 1})).is_success
+            with pytest.raises(EngineError):
+                await engines.deliver(folders[2], 3, (folders[1], 2))
+            state = await fake()
+            assert state["adapters"] == {SERVED_NAME: HeldWeights.read_adapter(folders[1])}  # back on version 2
+            assert [await r.held() for r in engines.replicas] == [2]
+    finally:
+        await engines.aclose()
+        stop(process)

@@ -52,6 +52,8 @@ class HeldWeights:
     calls: list[str] = field(default_factory=list)
     failing: dict[str, int] = field(default_factory=dict)
     groups: dict[str, TorchGroup] = field(default_factory=dict)  # name -> this fake's end (rank_offset)
+    #: LoRA adapters loaded by name: (their path, the fingerprint of their tensors)
+    adapters: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tensors = read_folder(self.model)
@@ -66,7 +68,15 @@ class HeldWeights:
 
     def state(self) -> dict[str, object]:
         return {"label": self.label, "fingerprint": fingerprint(self.tensors.items()) if self.tensors else None,
-                "paused": self.paused, "sleeping": self.sleeping, "calls": self.calls}
+                "paused": self.paused, "sleeping": self.sleeping, "calls": self.calls,
+                "adapters": {name: held for name, (_, held) in self.adapters.items()}}
+
+    @staticmethod
+    def read_adapter(path: Path) -> str:
+        """The fingerprint of a peft adapter folder's tensors; FileNotFoundError where it holds none."""
+        if not (path / "adapter_config.json").exists() or not (path / "adapter_model.safetensors").exists():
+            raise FileNotFoundError(f"No adapter found for {path}")
+        return fingerprint(load_file(str(path / "adapter_model.safetensors")).items())
 
     @staticmethod
     def receive(group: TorchGroup, names: list[str], dtypes: list[str], shapes: list[list[int]]

@@ -5,9 +5,11 @@ updater): every route on by default; weight routes answer `{"success", "message"
 `success` is false; a body that fails validation gets 400 `{"object": "error", ...}`; distributed updates run
 inside a begin/end session; a disk update renames the served model to its path. The weight group is joined
 with the trainer's `TorchGroup`, as SGLang's workers join theirs (`init_custom_process_group`), over gloo
-where SGLang's is NCCL. Routes under /fake/ are the fake's (`tests/fakes/held_weights.py`).
+where SGLang's is NCCL. Routes under /fake/ are the fake's (`tests/fakes/held_weights.py`). With --enable-lora
+the LoRA adapter routes load and unload adapters by name (`LoRAUpdateOutput`: 200, or 400 with `success` false),
+and /v1/models lists them.
 
-    python -m tests.fakes.sglang --model DIR --port 8400 [--api-key KEY] [--completions]
+    python -m tests.fakes.sglang --model DIR --port 8400 [--api-key KEY] [--completions] [--enable-lora]
 
 With --completions it also answers /v1/completions as SGLang does when asked `return_token_ids` (each choice's
 `token_ids` and `prompt_token_ids`, `matched_stop`), with "weights LABEL", the label of the weights it holds.
@@ -85,7 +87,27 @@ def answer(success: bool, message: str, **extra: Any) -> JSONResponse:
 OPEN = ("/health", "/health_generate", "/ready", "/metrics")  # never behind a key (srt/utils/auth.py)
 
 
-def create_app(held: HeldWeights, api_key: str | None = None) -> FastAPI:
+class LoadLoRAAdapterReqInput(BaseModel):  # io_struct.py; unknown keys are ignored, as SGLang's dataclass does
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+    rid: str | None = None
+
+
+class UnloadLoRAAdapterReqInput(BaseModel):
+    lora_name: str
+    lora_id: str | None = None
+    rid: str | None = None
+
+
+def lora_update(success: bool, error_message: str | None, loaded: dict[str, str] | None) -> JSONResponse:
+    """LoRAUpdateOutput: 200 when it succeeded, 400 otherwise."""
+    return JSONResponse({"rid": None, "http_worker_ipc": None, "success": success, "error_message": error_message,
+                         "loaded_adapters": loaded}, status_code=200 if success else 400)
+
+
+def create_app(held: HeldWeights, api_key: str | None = None, lora: bool = False) -> FastAPI:
     app = FastAPI()
     session: dict[str, Any] = {"open": False, "groups": {}}
     served = {"model_path": str(held.model)}
@@ -110,10 +132,40 @@ def create_app(held: HeldWeights, api_key: str | None = None) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:  # ModelList of ModelCards, the served model alone (no LoRA)
+    async def models() -> dict[str, Any]:  # ModelList of ModelCards: the served model, then each adapter
         name = served["model_path"]
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sglang",
-                                            "root": name, "parent": None, "max_model_len": None}]}
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "sglang", "root": name, "parent": None,
+                  "max_model_len": None}]
+        cards += [{"id": adapter, "object": "model", "created": 0, "owned_by": "sglang", "root": path,
+                   "parent": name, "max_model_len": None} for adapter, (path, _) in held.adapters.items()]
+        return {"object": "list", "data": cards}
+
+    def loaded() -> dict[str, str]:
+        return {name: path for name, (path, _) in held.adapters.items()}
+
+    @app.post("/load_lora_adapter")
+    async def load_lora(body: Annotated[LoadLoRAAdapterReqInput, Body()]) -> JSONResponse:
+        if not lora:
+            return lora_update(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", None)
+        if body.lora_name in held.adapters:
+            return lora_update(False, f"Failed to load LoRA adapter {body.lora_name} because it is already loaded",
+                               None)
+        try:
+            fingerprint = await asyncio.to_thread(held.read_adapter, Path(body.lora_path))
+        except FileNotFoundError as exc:
+            return lora_update(False, str(exc), loaded())
+        held.adapters[body.lora_name] = (body.lora_path, fingerprint)
+        return lora_update(True, "", loaded())
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora(body: Annotated[UnloadLoRAAdapterReqInput, Body()]) -> JSONResponse:
+        if not lora:
+            return lora_update(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", None)
+        if body.lora_name not in held.adapters:
+            return lora_update(False, f"LoRA with name {body.lora_name} does not exist. Loaded LoRAs: "
+                                      f"{sorted(held.adapters)}", None)
+        del held.adapters[body.lora_name]
+        return lora_update(True, "", loaded())
 
     @app.get("/model_info")
     async def model_info() -> dict[str, Any]:
@@ -241,9 +293,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--api-key", default=None, help="as SGLang's: every route but health needs it as a bearer")
     parser.add_argument("--completions", action="store_true", help='answer /v1/completions with "weights LABEL"')
+    parser.add_argument("--enable-lora", action="store_true", help="as SGLang's: the LoRA adapter routes work")
     args = parser.parse_args()
     held = HeldWeights(args.model)
-    app = create_app(held, args.api_key)
+    app = create_app(held, args.api_key, lora=args.enable_lora)
     if args.completions:  # SGLang's OpenAI completions with return_token_ids: vLLM's choice fields, matched_stop
         add_completions(app, str(args.model), lambda prompt: f"weights {held.label}", stop_key="matched_stop")
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

@@ -1,11 +1,13 @@
-"""FakeVLLM's RL side: vLLM 0.34.0's weight-transfer, pause, sleep and cache routes, in its wire format.
+"""FakeVLLM's RL side: vLLM 0.34.0's weight-transfer, pause, sleep, cache and LoRA routes, in its wire format.
 
 Read from vLLM 0.34.0 (`vllm/entrypoints/rl/online/api_router.py`, `serve/dev/{sleep,cache,rpc}/api_router.py`,
 `v1/worker/gpu_worker.py`): the routes as a server started with VLLM_SERVER_DEV_MODE=1 and
 `--weight-transfer-config '{"backend": "nccl"}'` answers them, success bodies, 400 for a request that fails
 validation and 500 for a worker's refusal, both in the OpenAI error envelope. The weight group is received over
 gloo with the trainer's `TorchGroup` (vLLM's own is NCCL through PyNccl, which needs GPUs). Routes under /fake/
-are the fake's (`tests/fakes/held_weights.py`).
+are the fake's (`tests/fakes/held_weights.py`). With VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment it
+has vLLM's runtime LoRA routes (`serve/lora/api_router.py`, `openai/models/serving.py`): a plain-text 200 on
+success, the OpenAI envelope otherwise, and the adapters listed by /v1/models.
 
     python -m tests.fakes.vllm_rl --model DIR --port 8300 [--completions]
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +28,7 @@ import uvicorn
 from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from tests.fakes.held_weights import HeldWeights, read_folder
 from tests.fakes.vllm import add_completions
@@ -63,8 +67,15 @@ def create_app(held: HeldWeights) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": str(held.model), "object": "model", "created": 0,
-                                            "owned_by": "vllm", "root": str(held.model), "parent": None}]}
+        cards = [{"id": str(held.model), "object": "model", "created": 0, "owned_by": "vllm",
+                  "root": str(held.model), "parent": None}]
+        cards += [{"id": name, "object": "model", "created": 0, "owned_by": "vllm", "root": path,
+                   "parent": str(held.model), "max_model_len": None, "permission": []}
+                  for name, (path, _) in held.adapters.items()]
+        return {"object": "list", "data": cards}
+
+    if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"):
+        add_lora_routes(app, held)
 
     @app.get("/weight_info")
     async def weight_info() -> dict[str, Any]:
@@ -204,6 +215,49 @@ def create_app(held: HeldWeights) -> FastAPI:
         return {"failing": held.failing}
 
     return app
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_int_id: int | None = None
+
+
+def lora_error(message: str, status: int) -> JSONResponse:
+    kind = {400: "InvalidUserInput", 404: "NotFoundError"}.get(status, "InternalServerError")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                        status_code=status)
+
+
+def add_lora_routes(app: FastAPI, held: HeldWeights) -> None:
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: LoadLoRAAdapterRequest) -> Response:
+        name = request.lora_name
+        if not name or not request.lora_path:
+            return lora_error("Both 'lora_name' and 'lora_path' must be provided.", 400)
+        if name == str(held.model):
+            return lora_error(f"The lora adapter '{name}' conflicts with a served base model.", 400)
+        if name in held.adapters and not request.load_inplace:
+            return lora_error(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                              "in place, set 'load_inplace' to True.", 400)
+        try:
+            loaded = await asyncio.to_thread(held.read_adapter, Path(request.lora_path))
+        except FileNotFoundError:
+            return lora_error(f"Loading lora {name} failed: No adapter found for {request.lora_path}", 404)
+        held.adapters[name] = (request.lora_path, loaded)
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", status_code=200)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: UnloadLoRAAdapterRequest) -> Response:
+        if held.adapters.pop(request.lora_name, None) is None:
+            return lora_error(f"The lora adapter '{request.lora_name}' cannot be found.", 404)
+        return Response(f"Success: LoRA adapter '{request.lora_name}' removed successfully.", status_code=200)
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ class Http:
 
 def message(response: httpx.Response) -> str:
     """The error's words from any of the bodies engines write: OpenAI's envelope, `{"error": str}`,
-    `{"success": false, "message"}`, FastAPI's `{"detail"}`, or plain text."""
+    `{"success": false, "message"}` (or SGLang's `"error_message"`), FastAPI's `{"detail"}`, or plain text."""
     try:
         body = response.json()
     except json.JSONDecodeError:
@@ -64,7 +64,7 @@ def message(response: httpx.Response) -> str:
         error = body.get("error")
         if isinstance(error, dict):
             return str(error.get("message"))
-        for key in ("error", "message", "detail"):
+        for key in ("error", "message", "error_message", "detail"):
             if body.get(key):
                 return str(body[key])
     return str(body)[:500]

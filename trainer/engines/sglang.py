@@ -18,6 +18,15 @@ routes free anything). Weight routes answer `{"success": bool, "message"}`,
     end        POST /end_weight_update {}, then POST /update_weight_version {"new_version", "abort_all_requests": false}
     abandon    POST /end_weight_update {}, POST /destroy_weights_update_group {"group_name"} (refusals ignored)
     reset      POST /flush_cache                       text, 200 or 400
+    adapter    POST /unload_lora_adapter {"lora_name"}, then /load_lora_adapter {"lora_name", "lora_path"},
+               then POST /update_weight_version               {"success", "error_message", "loaded_adapters"}
+
+An adapter (`lora:` runs; `--enable-lora` with `--max-lora-rank` and
+`--lora-target-modules`) is served under one name for the whole run
+(`schemas.adapters.SERVED_NAME`). SGLang reloads nothing in place, so each
+version unloads the previous one (its in-flight requests finish first; the
+fleet has paused generation) and loads its own folder; each load gets a new
+id that keys its radix-cache entries, so no stale prefix is reused.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from schemas.adapters import SERVED_NAME, is_adapter
 from trainer.engines.base import Bucket, GroupInfo, WakeTag, label, version_of
 from trainer.engines.http import Http
 from trainer.errors import EngineError
@@ -41,7 +51,8 @@ class SglangReplica:
     async def _weights(self, phase: str, path: str, body: dict[str, Any]) -> None:
         answer = await self._http.json(phase, "POST", path, body=body)
         if isinstance(answer, dict) and answer.get("success") is False:  # 200 with success false: not seen, guarded
-            raise EngineError(f"engine {self.url}: {phase} ({path}) failed: {answer.get('message')}")
+            why = answer.get("message") or answer.get("error_message")
+            raise EngineError(f"engine {self.url}: {phase} ({path}) failed: {why}")
 
     async def held(self) -> int | None:
         return version_of((await self._http.json("model info", "GET", "/model_info") or {}).get("weight_version"))
@@ -66,8 +77,20 @@ class SglangReplica:
         await self._http.call("resume memory", "POST", "/resume_memory_occupation", body={"tags": names})
 
     async def load(self, folder: Path, version: int) -> None:
+        if is_adapter(folder):
+            await self._adapter(folder)
+            await self._weights("label", "/update_weight_version",
+                                {"new_version": label(version), "abort_all_requests": False})
+            return
         await self._weights("update weights from disk", "/update_weights_from_disk", {
             "model_path": str(folder), "weight_version": label(version), "flush_cache": True})
+
+    async def _adapter(self, folder: Path) -> None:
+        loaded = await self._http.json("loaded models", "GET", "/v1/models")
+        names = {m.get("id") for m in (loaded or {}).get("data", []) if isinstance(m, dict)}
+        if SERVED_NAME in names:
+            await self._weights("unload adapter", "/unload_lora_adapter", {"lora_name": SERVED_NAME})
+        await self._weights("load adapter", "/load_lora_adapter", {"lora_name": SERVED_NAME, "lora_path": str(folder)})
 
     async def join(self, group: GroupInfo) -> None:
         self._group = group.name

@@ -12,12 +12,20 @@ The server needs `VLLM_SERVER_DEV_MODE=1` (every route below is a dev route),
     wake       POST /wake_up?tags=weights&tags=kv_cache
     load       POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path", "is_checkpoint_format"}}
                POST /update_weight_version {"new_version": "<label>"}
+    adapter    POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}   (200, text)
+               POST /update_weight_version {"new_version": "<label>"}
     join       POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset, world_size}}
     begin      POST /start_weight_update
     receive    POST /update_weights {"update_info": {names, dtype_names, shapes, src: 0}}
     end        POST /finish_weight_update {"weight_version": "<label>"}
     abandon    POST /finish_weight_update, POST /shutdown_weight_transfer_engine (either may refuse: ignored)
     reset      POST /reset_prefix_cache              {"success": bool} (false while blocks are held: asked again)
+
+An adapter (`lora:` runs; `serve/lora/api_router.py`, `--enable-lora` and
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, vLLM >= 0.15 for `load_inplace`) is loaded
+under one name for the whole run (`schemas.adapters.SERVED_NAME`), each
+version in place from its own checkpoint folder: the prefix cache keys blocks
+by the adapter's path (vLLM >= 0.31), and the fleet resets it anyway.
 
 Refusals come back as 400 (validation) or 500 (a worker's error) in the OpenAI
 error envelope; `Http` maps both to `EngineError`.
@@ -30,6 +38,7 @@ import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from schemas.adapters import SERVED_NAME, is_adapter
 from trainer.engines.base import Bucket, GroupInfo, WakeTag, label, version_of
 from trainer.engines.http import Http
 from trainer.errors import EngineError
@@ -62,6 +71,11 @@ class VllmReplica:
         await self._http.call("wake", "POST", "/wake_up", params=[("tags", t) for t in tags])
 
     async def load(self, folder: Path, version: int) -> None:
+        if is_adapter(folder):
+            await self._http.call("load adapter", "POST", "/v1/load_lora_adapter", body={
+                "lora_name": SERVED_NAME, "lora_path": str(folder), "load_inplace": True})
+            await self._http.call("label", "POST", "/update_weight_version", body={"new_version": label(version)})
+            return
         await self._http.call("reload", "POST", "/collective_rpc", body={
             "method": "reload_weights", "args": [],
             "kwargs": {"weights_path": str(folder), "is_checkpoint_format": True}})
