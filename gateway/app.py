@@ -76,7 +76,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                       parser=parser_for(settings.tool_parser), engines=engines,
                       recorder=Recorder(producer, own), rollouts=Rollouts(max_tips=settings.extendable_calls),
                       gate=gate, metrics=metrics, history=history, resume_rendering=settings.resume_rendering,
-                      render_check_every=settings.render_check_every)
+                      render_check_every=settings.render_check_every, engine_kind=settings.engine_kind)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
                           on_version=gateway.set_version, heartbeat_s=settings.heartbeat_s)

@@ -40,7 +40,7 @@ log = logging.getLogger("tether.gateway.control")
 
 class ControlLoop:
     def __init__(self, *, bus: BusSettings, run_id: str, gateway_id: str, url: str, gate: Gate,
-                 producer: EventProducer, metrics: Metrics, on_version: Callable[[int], None],
+                 producer: EventProducer, metrics: Metrics, on_version: Callable[[int, bool], None],
                  heartbeat_s: float) -> None:
         self.bus, self.run_id, self.gateway_id, self.url = bus, run_id, gateway_id, url
         self.heartbeat_s = heartbeat_s
@@ -87,7 +87,7 @@ class ControlLoop:
                 elif isinstance(event, WeightVersionPublished | UpdateAborted):
                     if isinstance(event, WeightVersionPublished):
                         self.version = event.version
-                        self.on_version(event.version)
+                        self.on_version(event.version, event.adapter)
                         self.metrics.weight_version.set(event.version)
                     pending = None
                     if caught_up:

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from gateway.adapters import EngineKind, model_fields
 from gateway.chat import ChatRequest, Finished, Generation, Started, TokenUsage, message_key
 from gateway.choices import Choices, Delta
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
@@ -94,9 +95,12 @@ class Gateway:
 
     def __init__(self, *, gateway_id: str, model: str, renderer: Renderer, parser: ToolParser,
                  engines: EnginePool, recorder: Recorder, rollouts: Rollouts, gate: Gate, metrics: Metrics,
-                 history: RolloutReader, resume_rendering: bool = True, render_check_every: int = 0) -> None:
+                 history: RolloutReader, resume_rendering: bool = True, render_check_every: int = 0,
+                 engine_kind: EngineKind = "tether") -> None:
         self.gateway_id = gateway_id
         self.model = model
+        self.engine_kind: EngineKind = engine_kind
+        self.adapter = False  # the versions published are adapters on the base (lora): ask the engine for them
         self.renderer = renderer
         self.parser = parser
         self.engines = engines
@@ -111,8 +115,8 @@ class Gateway:
         self.render_check_every = render_check_every
         self._renders = 0
 
-    def set_version(self, version: int) -> None:
-        self.version = version
+    def set_version(self, version: int, adapter: bool = False) -> None:
+        self.version, self.adapter = version, adapter
 
     # -- rollouts ----------------------------------------------------------------
 
@@ -295,7 +299,8 @@ class Gateway:
                         ) -> AsyncIterator[dict[str, Any]]:
         s = chat.sampling
         body: dict[str, Any] = {
-            "model": self.model, "prompt": prompt, "max_tokens": s.max_tokens, "temperature": s.temperature,
+            **model_fields(self.engine_kind, self.model, self.adapter), "prompt": prompt,
+            "max_tokens": s.max_tokens, "temperature": s.temperature,
             "top_p": s.top_p, "seed": s.seed, "stop": list(s.stop) or None, "n": s.n,
             "logprobs": s.top_logprobs, "return_token_ids": True,
         }

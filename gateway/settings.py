@@ -10,7 +10,6 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import (
@@ -20,6 +19,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.adapters import EngineKind
 from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
 from schemas.settings import BusSettings
 
@@ -77,7 +77,7 @@ class GatewaySettings(BaseSettings):
         0, ge=0, description="Every Nth call is also rendered from its first message and "
         "tokenised afresh, and the two compared (a mismatch is logged, counted, and the fresh one used); 0: never, "
         "1: every call.")
-    engine_kind: Literal["tether", "vllm", "sglang"] = Field(
+    engine_kind: EngineKind = Field(
         "tether", description="What serves behind `engines`: asked in its own API which version each replica holds.")
     engine_check_s: float = Field(
         1.0, ge=0, description="How often each replica is asked which version it holds; calls go only to those "

@@ -268,18 +268,25 @@ async def test_a_version_an_engine_refuses_is_aborted_rolled_back_and_trained_ag
         torch.testing.assert_close(committed["refused"][name], tensor)
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["weights", "lora"])
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 async def test_every_call_is_stamped_with_the_version_the_replica_serving_it_holds(
-        kind: str, bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
+        kind: str, lora: bool, bus: BusSettings, tiny_model: Path, tmp_path: Path) -> None:
     """The loop closed on vLLM and on SGLang (their fakes, which answer "weights LABEL" with the label of the
-    weights they hold): a call before the update is served by the launch weights and recorded as version 0; the
-    trainer hands version 1 over by the engine's own routes and the next call is served by it and recorded as 1;
-    the replica restarts onto its launch weights, and a call then waits until the replica is brought up, served by
-    version 1 again."""
+    weights they hold, and the adapter a call asked for): a call before the update is served by the launch weights
+    and recorded as version 0; the trainer hands version 1 over by the engine's own routes and the next call is
+    served by it and recorded as 1; the replica restarts onto its launch weights, and a call then waits until the
+    replica is brought up, served by version 1 again. With `lora:` version 1 is an adapter, loaded by the engine's
+    LoRA routes, and the gateway asks for it in the engine's own way."""
+    from trainer.config import LoraSettings
+
     port = free_port()
     module = {"vllm": "tests.fakes.vllm_rl", "sglang": "tests.fakes.sglang"}[kind]
-    args = [module, "--model", str(tiny_model), "--port", str(port), "--completions"]
-    url, fake = spawn(args, tmp_path / f"{kind}.log", f"{kind} fake", port)
+    args = [module, "--model", str(tiny_model), "--port", str(port), "--completions",
+            *(["--enable-lora"] if lora and kind == "sglang" else [])]
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"} if lora and kind == "vllm" else None
+    served_1 = "weights 1 adapter tether-lora" if lora else "weights 1"
+    url, fake = spawn(args, tmp_path / f"{kind}.log", f"{kind} fake", port, env)
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     try:
         with gateway(bus, RunningEngine(url, str(tiny_model), fake), tiny_model, tmp_path / "gateway.log",
@@ -298,22 +305,23 @@ async def test_every_call_is_stamped_with_the_version_the_replica_serving_it_hol
                     await producer.publish_many(task_groups(run_id, 2))
                 config = TrainerConfig(run_id=run_id, model=tiny_model, checkpoint_dir=tmp_path / "ckpt",
                                        engine={"kind": kind, "urls": [url]}, batch_groups=2,
-                                       max_updates=1, zero_variance="keep")
+                                       max_updates=1, zero_variance="keep",
+                                       lora=LoraSettings(rank=4, alpha=8) if lora else None)
                 await Trainer(config, bus).run()
                 async with asyncio.timeout(30):
                     while (await http.get(f"{gw.url}/admin/state", headers=gw.admin())).json()["weight_version"] < 1:  # noqa: ASYNC110  # polled: no event to wait on
                         await asyncio.sleep(0.2)
-                assert await call(f"{run_id}-after") == "weights 1"
+                assert await call(f"{run_id}-after") == served_1
 
                 stop(fake)
-                url, fake = spawn(args, tmp_path / f"{kind}-restarted.log", f"{kind} fake", port)
+                url, fake = spawn(args, tmp_path / f"{kind}-restarted.log", f"{kind} fake", port, env)
                 waiting = asyncio.create_task(call(f"{run_id}-restarted"))
                 await asyncio.sleep(2.0)
                 assert not waiting.done()  # not served by the launch weights under version 1's stamp
                 fleet = EngineFleet(EngineConfig(kind=kind, urls=[url]))  # as the trainer's watcher does
                 assert await fleet.bring_up(config.run_dir / "v000001", 1) == [url]
                 await fleet.aclose()
-                assert await asyncio.wait_for(waiting, 30) == "weights 1"
+                assert await asyncio.wait_for(waiting, 30) == served_1
     finally:
         stop(fake)
     stamped: dict[str, int] = {}

@@ -132,8 +132,8 @@ def test_a_merged_export_is_the_policy_as_one_plain_model(tiny_model: Path, tmp_
 def test_lora_settings_are_checked_where_adapters_are_not_built_yet(tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="verl backend does not train adapters"):
         config_for(tiny_model, backend="verl")
-    with pytest.raises(ValueError, match="vllm engines are not yet handed adapters"):
-        config_for(tiny_model, engine={"kind": "vllm", "urls": ["http://127.0.0.1:1"]})
+    with pytest.raises(ValueError, match="handed to the engines from disk"):
+        config_for(tiny_model, engine={"kind": "vllm", "urls": ["http://127.0.0.1:1"], "transfer": "distributed"})
     assert config_for(tiny_model, engine_url="http://127.0.0.1:1").engine is not None  # the embedded engine serves
     assert config_for(tiny_model).lora == LoraSettings(rank=8, alpha=16, dropout=0.0, target_modules="all-linear")
 

@@ -177,9 +177,9 @@ class TrainerConfig(BaseModel):
     def _lora_where_built(self) -> TrainerConfig:
         if self.lora is not None and self.backend == "verl":
             raise ValueError("lora: the verl backend does not train adapters yet; use backend torch")
-        if self.lora is not None and self.engine is not None and self.engine.kind != "tether":
-            raise ValueError(f"lora: {self.engine.kind} engines are not yet handed adapters as weight versions; "
-                             "use the embedded engine (kind: tether), or merge a checkpoint to serve it")
+        if self.lora is not None and self.engine is not None and self.engine.transfer == "distributed":
+            raise ValueError("lora: adapters are handed to the engines from disk (their LoRA routes load a "
+                             "folder); set engine.transfer: disk")
         return self
 
     @model_validator(mode="after")

@@ -298,7 +298,17 @@ def main() -> None:
     held = HeldWeights(args.model)
     app = create_app(held, args.api_key, lora=args.enable_lora)
     if args.completions:  # SGLang's OpenAI completions with return_token_ids: vLLM's choice fields, matched_stop
-        add_completions(app, str(args.model), lambda prompt: f"weights {held.label}", stop_key="matched_stop")
+        def answer(body: dict[str, Any]) -> str:  # SGLang: "base:adapter" as the model, else `lora_path`
+            model = str(body.get("model"))
+            adapter = model.split(":", 1)[1] if ":" in model and model != str(held.model) else body.get("lora_path")
+            if adapter is None:
+                return f"weights {held.label}"
+            if adapter not in held.adapters:
+                raise LookupError(f"LoRA adapter {adapter} is not loaded")
+            return f"weights {held.label} adapter {adapter}"
+
+        add_completions(app, str(args.model), lambda prompt: f"weights {held.label}", stop_key="matched_stop",
+                        answer=answer)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -99,10 +99,12 @@ def add_chat(app: FastAPI, tokenizer: Any, reply: Callable[[list[int]], str]) ->
 
 
 def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]], str],
-                    stop_key: str = "stop_reason") -> Any:
+                    stop_key: str = "stop_reason", answer: Callable[[dict[str, Any]], str] | None = None) -> Any:
     """vLLM's /v1/completions on `app`, answering each token-id prompt with `reply(prompt)` at once (its token
     ids, ending with the end-of-turn token, each with logprob -0.5); the tokenizer, for the caller's own use.
-    SGLang's answer to `return_token_ids` has the same choice fields but `matched_stop` for `stop_key`."""
+    SGLang's answer to `return_token_ids` has the same choice fields but `matched_stop` for `stop_key`.
+    `answer(body)`, where given, answers instead, from the whole request (the model or adapter it names); a
+    LookupError it raises is answered 404 in the OpenAI envelope, as an unknown model is."""
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     end = int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))  # type: ignore[arg-type]
 
@@ -115,7 +117,12 @@ def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]
         body: dict[str, Any] = json.loads(await request.body())
         prompt: list[int] = body["prompt"]
         choices: list[dict[str, Any]] = []
-        turn = encode(reply(prompt))
+        try:
+            turn = encode(answer(body) if answer is not None else reply(prompt))
+        except LookupError as exc:
+            message = str(exc.args[0]) if exc.args else str(exc)
+            return JSONResponse({"error": {"message": message, "type": "NotFoundError", "param": "model",
+                                           "code": 404}}, status_code=404)
         for index in range(body.get("n") or 1):
             ids = turn[: body.get("max_tokens") or len(turn)]
             choices.append({"index": index, "text": tokenizer.decode(ids, skip_special_tokens=True),

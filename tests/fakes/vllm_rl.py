@@ -269,7 +269,15 @@ def main() -> None:
     held = HeldWeights(args.model)
     app = create_app(held)
     if args.completions:
-        add_completions(app, str(args.model), lambda prompt: f"weights {held.label}")
+        def answer(body: dict[str, Any]) -> str:  # vLLM: an adapter is asked for by its name as the model
+            model = str(body.get("model"))
+            if model in held.adapters:
+                return f"weights {held.label} adapter {model}"
+            if model != str(held.model):
+                raise LookupError(f"The model `{model}` does not exist.")
+            return f"weights {held.label}"
+
+        add_completions(app, str(args.model), lambda prompt: f"weights {held.label}", answer=answer)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
