@@ -78,6 +78,7 @@ bench: setup harnesses
 	$(BIN)/python bench/harness_clis.py
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/update_backends.py
+	$(BIN)/python bench/lora.py
 	$(BIN)/python bench/episode_scaling.py
 	$(BIN)/python bench/token_encoding.py
 	$(BIN)/python bench/faust_floor.py
