@@ -129,9 +129,7 @@ def test_a_merged_export_is_the_policy_as_one_plain_model(tiny_model: Path, tmp_
     assert (tmp_path / "merged" / "tokenizer.json").exists()  # a folder an engine serves as it is
 
 
-def test_lora_settings_are_checked_where_adapters_are_not_built_yet(tiny_model: Path) -> None:
-    with pytest.raises(ValueError, match="verl backend does not train adapters"):
-        config_for(tiny_model, backend="verl")
+def test_lora_settings_are_checked(tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="handed to the engines from disk"):
         config_for(tiny_model, engine={"kind": "vllm", "urls": ["http://127.0.0.1:1"], "transfer": "distributed"})
     assert config_for(tiny_model, engine_url="http://127.0.0.1:1").engine is not None  # the embedded engine serves
@@ -158,3 +156,44 @@ def test_tether_model_export_merges_an_adapter_and_says_what_it_needs(tiny_model
     other = runner.invoke(app, ["model", "export", "--checkpoint", str(final), "--out", str(tmp_path / "y"),
                                 "--merge", "--base", str(other_base(tiny_model, tmp_path / "other"))])
     assert other.exit_code == 2 and "trained on the base at" in other.output
+
+
+def test_verl_trains_the_same_adapter_as_the_torch_learner_and_checkpoints_it(tiny_model: Path,
+                                                                                tmp_path: Path) -> None:
+    """verl's own LoRA on its FSDP workers (two, on Ray): both backends start from the same adapter
+    (`lora.initial`), take the same first step, and verl's checkpoint is an adapter too: the engines load it, a
+    restore takes it back, and it refuses another base."""
+    from tests.test_trainer_backends import stale_good_vs_bad
+    from trainer.verl.backend import VerlBackend
+    from trainer.verl.workers import VerlWorkers
+
+    torch_config = config_for(tiny_model, checkpoint_dir=tmp_path / "torch", lr=1e-3)
+    verl_config = config_for(tiny_model, checkpoint_dir=tmp_path / "verl", lr=1e-3, backend="verl", workers=2)
+    learner_ = TorchLearner.load(torch_config, torch.device("cpu"), None)
+    workers = VerlWorkers.start(verl_config, world_size=2)
+    try:
+        verl = VerlBackend.open(verl_config, workers, None)
+        scored = ScoredGroups.of(stale_good_vs_bad(learner_.model))
+        by_torch, by_verl = learner_.update(scored, version=0), verl.update(scored, version=0)
+        assert abs(by_torch.loss) > 0.05
+        assert by_verl.loss == pytest.approx(by_torch.loss, rel=1e-3, abs=1e-5)
+        assert by_verl.grad_norm == pytest.approx(by_torch.grad_norm, rel=1e-3)
+        root = verl_config.run_dir
+        final = checkpoint.commit(root, verl.stage(root, TrainerState(version=1)), 1)
+        assert lora.is_adapter(final) and not (final / "model.safetensors").exists()
+        merged = AutoModelForCausalLM.from_pretrained(lora.merge(final, tiny_model, tmp_path / "merged"))
+        for response in (GOOD, BAD):
+            assert response_log_prob(merged, response) == pytest.approx(
+                response_log_prob(learner_.model, response), abs=2e-3)
+        verl.update(scored, version=1)  # moves on; the restore goes back to the commit
+        restored = VerlBackend.open(verl_config, workers, final)
+        again = tmp_path / "again"
+        restored.workers.export_weights(again)
+        lora.write_base(again, tiny_model, lora.base_digest(tiny_model))
+        back = AutoModelForCausalLM.from_pretrained(lora.merge(again, tiny_model, tmp_path / "merged-again"))
+        assert response_log_prob(back, GOOD) == pytest.approx(response_log_prob(merged, GOOD), abs=1e-5)
+        other = other_base(tiny_model, tmp_path / "other-base")
+        with pytest.raises(CheckpointMismatch):
+            VerlBackend.open(config_for(other, checkpoint_dir=tmp_path / "verl", backend="verl"), workers, final)
+    finally:
+        workers.close()

@@ -175,8 +175,6 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _lora_where_built(self) -> TrainerConfig:
-        if self.lora is not None and self.backend == "verl":
-            raise ValueError("lora: the verl backend does not train adapters yet; use backend torch")
         if self.lora is not None and self.engine is not None and self.engine.transfer == "distributed":
             raise ValueError("lora: adapters are handed to the engines from disk (their LoRA routes load a "
                              "folder); set engine.transfer: disk")

@@ -65,7 +65,8 @@ class TorchLearner:
         if config.lora is not None:
             digest = lora.base_digest(config.model)
             base = _pretrained(config.model, device)
-            adapted = lora.restore(base, config.model, found) if found is not None else lora.wrap(base, config.lora)
+            adapted = lora.restore(base, config.model, found) if found is not None \
+                else lora.wrap(base, config.lora, config.seed)
             model: PreTrainedModel = adapted  # type: ignore[assignment]  # a PeftModel forwards like its base
         else:
             if found is not None and lora.is_adapter(found):

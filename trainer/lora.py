@@ -17,6 +17,8 @@ Checkpoint layout (beside `state.json` and `optimizer.pt`; `schemas/adapters.py`
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -25,11 +27,11 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from schemas.adapters import ADAPTER_FILES, base_mismatch, is_adapter, write_base
 from schemas.adapters import base_digest as _digest
-from trainer.config import LoraSettings
+from trainer.config import LoraSettings, TrainerConfig
 from trainer.errors import CheckpointMismatch
 
-__all__ = ["ADAPTER_FILES", "base_digest", "check_base", "is_adapter", "merge", "peft_config", "restore", "wrap",
-           "write"]
+__all__ = ["ADAPTER_FILES", "base_digest", "check_base", "initial", "is_adapter", "merge", "peft_config", "restore",
+           "wrap", "write", "write_base"]
 
 
 def base_digest(base: Path) -> str:
@@ -44,11 +46,29 @@ def peft_config(settings: LoraSettings) -> LoraConfig:
                       target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
 
 
-def wrap(base: PreTrainedModel, settings: LoraSettings) -> PeftModel:
-    """A fresh adapter on `base` (its B matrices zero: the policy starts as the base); the base frozen."""
+def wrap(base: PreTrainedModel, settings: LoraSettings, seed: int) -> PeftModel:
+    """A fresh adapter on `base` (A drawn from `seed`, B zero: the policy starts as the base); the base frozen.
+    Both backends start from it, so their first steps agree."""
+    torch.manual_seed(seed)
     model = get_peft_model(base, peft_config(settings))
     assert isinstance(model, PeftModel)
     return model
+
+
+def initial(config: TrainerConfig) -> Path:
+    """The fresh adapter of `wrap`, written once under the run's folder (`lora-init`) for workers in other
+    processes to start from (verl's `lora_adapter_path`); the same seed writes the same adapter."""
+    assert config.lora is not None
+    folder = config.run_dir / "lora-init"
+    if not is_adapter(folder):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = folder.with_name(f".lora-init-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        base = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+        write(wrap(base, config.lora, config.seed), staging, config.model, base_digest(config.model))
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    return folder
 
 
 def restore(base: PreTrainedModel, base_dir: Path, folder: Path) -> PeftModel:

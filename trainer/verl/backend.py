@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from verl import DataProto
 
-from trainer import checkpoint
+from trainer import checkpoint, lora
 from trainer.advantages import ScoredGroups
 from trainer.algorithms import LossMode
 from trainer.batch import Piece, pieces
@@ -169,11 +169,14 @@ class VerlBackend:
 
     def __init__(self, config: TrainerConfig, workers: ActorWorkers) -> None:
         self.config, self.workers = config, workers
+        self.base_digest: str | None = None  # with lora: the base's, written with every checkpoint
 
     @classmethod
     def open(cls, config: TrainerConfig, workers: ActorWorkers, found: Path | None) -> VerlBackend:
         """The backend, with the workers restored from the checkpoint `found` if there is one."""
         if found is not None:
+            if config.lora is not None:
+                lora.check_base(found, config.model)
             workers.load_checkpoint(found / ACTOR)
         return cls(config, workers)
 
@@ -212,10 +215,17 @@ class VerlBackend:
 
     def stage(self, root: Path, state: TrainerState) -> Path:
         def write(folder: Path) -> None:
-            self.workers.export_weights(folder)  # a Hugging Face folder: what the engines load
+            self.workers.export_weights(folder)  # a Hugging Face folder, or an adapter: what the engines load
+            if self.config.lora is not None:
+                lora.write_base(folder, self.config.model, self._digest())
             self.workers.save_checkpoint(folder / ACTOR, state.version)
 
         return checkpoint.stage(root, state, write)
+
+    def _digest(self) -> str:
+        if self.base_digest is None:
+            self.base_digest = lora.base_digest(self.config.model)
+        return self.base_digest
 
     def weight_sender(self, kind: str) -> Sender:
         return WorkerSender(kind, self.workers)  # each bucket gathered by the workers, broadcast by the first

@@ -39,6 +39,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
+from trainer import lora
 from trainer.algorithms import LossConfig, policy_loss
 from trainer.config import TrainerConfig
 from trainer.engines.base import GroupInfo
@@ -60,14 +61,20 @@ VERL_DEFAULTS = Path(verl.__file__).parent / "trainer" / "config" / "_generated_
 MICRO_BATCH = 2  # rows per forward on each worker
 
 
-def actor_config(config: TrainerConfig, world_size: int, cpu: bool) -> DictConfig:
-    """verl's `actor_rollout_ref` defaults with this run's model, optimiser and engine settings."""
+def actor_config(config: TrainerConfig, world_size: int, cpu: bool, adapter: Path | None = None) -> DictConfig:
+    """verl's `actor_rollout_ref` defaults with this run's model, optimiser and engine settings. With `lora:`,
+    verl's own LoRA settings, the workers starting from the adapter at `adapter` (`trainer.lora.initial`)."""
     base = OmegaConf.load(VERL_DEFAULTS).actor_rollout_ref
     dtype = "float32" if cpu else "bfloat16"
+    lora: dict[str, Any] = {}
+    if config.lora is not None:
+        assert adapter is not None
+        lora = {"lora_rank": config.lora.rank, "lora_alpha": config.lora.alpha,
+                "target_modules": config.lora.target_modules, "lora_adapter_path": str(adapter)}
     overrides = {
         "model": {"path": str(config.model), "use_remove_padding": True, "enable_gradient_checkpointing": False,
                   # flash attention (verl's default) exists on GPUs only; sdpa handles packed rows on the CPU
-                  "override_config": {"attn_implementation": "sdpa" if cpu else "flash_attention_2"}},
+                  "override_config": {"attn_implementation": "sdpa" if cpu else "flash_attention_2"}, **lora},
         "actor": {
             "strategy": "fsdp2",  # FSDP1 rejects CPU parameters in sync_module_states
             "ppo_mini_batch_size": world_size, "ppo_micro_batch_size_per_gpu": MICRO_BATCH,
@@ -147,8 +154,13 @@ class TetherActorWorker(ActorRolloutRefWorker):
 
     @_register(dispatch_mode=ONE_TO_ALL)
     def export_weights(self, path: str) -> None:
-        """Every rank gathers each full tensor (a collective); rank 0 writes them with the model's config."""
+        """Every rank gathers each full tensor (a collective); rank 0 writes them with the model's config, or,
+        where the policy is a base with an adapter, the adapter's files as peft writes them."""
         engine: Any = self.actor.engine  # type: ignore[union-attr]  # built by init_model
+        peft_model = getattr(engine.module, "_fsdp_wrapped_module", engine.module)
+        if hasattr(peft_model, "peft_config"):
+            self._export_adapter(peft_model, Path(path))
+            return
         params, _ = engine.get_per_tensor_param()
         state = {name: tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in params}
         if torch.distributed.get_rank() == 0:
@@ -156,6 +168,17 @@ class TetherActorWorker(ActorRolloutRefWorker):
             folder.mkdir(parents=True, exist_ok=True)
             save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
             engine.model_config.hf_config.save_pretrained(folder)
+        torch.distributed.barrier()
+
+    def _export_adapter(self, peft_model: Any, folder: Path) -> None:
+        from peft.utils.save_and_load import get_peft_model_state_dict
+
+        state = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to("cpu", torch.float32)
+                 .contiguous() for name, p in get_peft_model_state_dict(peft_model).items()}
+        if torch.distributed.get_rank() == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+            peft_model.peft_config["default"].save_pretrained(str(folder))
         torch.distributed.barrier()
 
     @_register(dispatch_mode=ONE_TO_ALL)
@@ -213,8 +236,10 @@ class VerlWorkers:
 
     def _spawn(self) -> Any:
         pool = self.pool = RayResourcePool([self.world_size], use_gpu=not self.cpu, max_colocate_count=1)
+        adapter = lora.initial(self.config) if self.config.lora is not None else None
         worker = RayClassWithInitArgs(cls=ray.remote(TetherActorWorker),
-                                      config=actor_config(self.config, self.world_size, self.cpu), role="actor")
+                                      config=actor_config(self.config, self.world_size, self.cpu, adapter),
+                                      role="actor")
         group: Any = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker,
                                device_name="cpu" if self.cpu else "cuda")
         group.init_model()
