@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.chat import ChatRequest, Message, ToolCall, message_key
@@ -67,6 +67,29 @@ class RenderState:
     reused: int
     #: False where a turn whose text did not extend the template's could extend a longer conversation's
     resumable: bool
+    #: `ids` may be extended in place by the next rendering (its call is over: `release`), once
+    lease: _Lease = field(default_factory=lambda: _Lease())
+
+    def release(self) -> None:
+        """The call rendered with this state is over: nothing reads its prompt's ids any more, so the rollout's
+        next rendering may cut and extend that list in place instead of copying it (O(n) for a long context)."""
+        self.lease.free = True
+
+    def prefix(self, head: int) -> list[int]:
+        """`ids[:head]`, taken in place where the list is free (then it is no longer this state's to read)."""
+        if self.lease.free and not self.lease.taken:
+            self.lease.taken = True
+            del self.ids[head:]
+            return self.ids
+        return self.ids[:head]
+
+
+class _Lease:
+    __slots__ = ("free", "taken")
+
+    def __init__(self) -> None:
+        self.free = False
+        self.taken = False
 
 
 @dataclass(frozen=True)
@@ -287,11 +310,13 @@ class Renderer:
                 encode: Callable[[str], list[int]], stubbed: bool) -> Rendered:
         """The prompt from the template's text (`text(j, open_turn)`: of the first j messages, from character
         `origin` on; `full`: of all of them, open), each assistant turn with ids reused in place of its text."""
+        # the ids after the resumed rendering's head; joined to its prefix only once nothing can fail
+        ids: list[int] = []
         if resumed is not None:
-            first, ids, done, reused = len(resumed.messages), resumed.ids[:resumed.head], resumed.done, resumed.reused
+            first, done, reused = len(resumed.messages), resumed.done, resumed.reused
             decided, resumable, kept = list(resumed.generated), resumed.resumable, resumed.head
         else:
-            first, ids, done, reused, decided, resumable, kept = 0, [], 0, 0, [], True, 0
+            first, done, reused, decided, resumable, kept = 0, 0, 0, [], True, 0
         for i in range(first, len(request.messages)):
             if request.messages[i].role != "assistant":
                 continue
@@ -315,10 +340,13 @@ class Renderer:
             ids += turn_ids if turn_ids and turn_ids[-1] == self.end_of_turn_id else [*turn_ids, self.end_of_turn_id]
             done = origin + end + len(self.end_of_turn)
             reused += 1
-        head = len(ids)
+        head = kept + len(ids)
         ids += self._piece(resumed, full, origin, done, origin + len(full), encode)
         whole_text = resumed.text[:origin] + full if resumed is not None else full
-        packed_ids = resumed.packed[:kept * 4] + packed(ids[kept:]) if resumed is not None else packed(ids)
+        packed_ids = resumed.packed[:kept * 4] + packed(ids) if resumed is not None else packed(ids)
+        if resumed is not None:
+            added, ids = ids, resumed.prefix(kept)
+            ids += added
         keys = generated.keys if isinstance(generated, OwnTurns) else None
         state = RenderState(messages=request.messages, tools=request.tools, text=whole_text, ids=ids,
                             packed=packed_ids, done=done, head=head, generated=tuple(decided), keys=keys,

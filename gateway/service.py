@@ -39,7 +39,7 @@ from gateway.gate import Gate
 from gateway.metrics import Metrics
 from gateway.readback import Recovered, RolloutReader
 from gateway.recorder import Recorder
-from gateway.render import Renderer, differs, own_turns
+from gateway.render import Renderer, RenderState, differs, own_turns
 from gateway.rollouts import Rollout, Rollouts
 from gateway.tool_parsers import ToolParser
 from gateway.upstream import EnginePool
@@ -75,6 +75,7 @@ class _Attempt:
     received: datetime
     held_s: float
     prompt: list[int] = field(default_factory=list)
+    rendered: RenderState | None = None  # where its rendering stopped: released for the next call's when it ends
     recorded: Extension | None = None  # how its prompt and request are recorded (against an earlier call)
     pending: list[str] = field(default_factory=list)  # its events sent to Kafka
     acknowledged: list[str] = field(default_factory=list)  # those Kafka acknowledged
@@ -223,6 +224,8 @@ class Gateway:
                     raise
                 raise error from exc
             finally:
+                if attempt.rendered is not None:
+                    attempt.rendered.release()
                 self.rollouts.end_call(rollout, attempt.acknowledged)
                 self.metrics.latency.labels(call.api).observe(time.perf_counter() - started)
 
@@ -230,6 +233,7 @@ class Gateway:
         """Render, generate, parse, record: the call's way when nothing fails."""
         call, rollout = attempt.call, attempt.rollout
         attempt.prompt, packed_prompt = self._render(rollout, call.chat)
+        attempt.rendered = rollout.rendered
         prompt = attempt.prompt
         attempt.recorded = extension(rollout.tips, prompt, call.request_json, packed_prompt)
         yield Started(len(prompt), attempt.call_id)

@@ -202,12 +202,21 @@ def test_a_resumed_rendering_gives_the_ids_of_the_whole_one(tiny_model: Path, pl
     state = None
     resumed = 0
     said: list[int] = []  # what the harness made the model say (inject), which it then says itself (answer)
+    held: tuple[list[int], list[int]] | None = None  # a prompt whose call is not over, and a copy of it
     for action, ids, text in plan:
         request = ChatRequest(tuple(messages), tools)
         rendered = renderer.render(request, own_turns(request, turns, state), after=state)
         whole = renderer.render(request, own_turns(request, turns), remembered=False)
         assert rendered.prompt_ids == whole.prompt_ids and rendered.text == whole.text
+        if held is not None:  # a call still in flight keeps its prompt: the next rendering copied it
+            assert held[0] == held[1]
         state, resumed = rendered.state, resumed + rendered.resumed
+        assert state is not None
+        if len(ids) % 2:  # its call is over (the service releases each): the next rendering may take its ids
+            state.release()
+            held = None
+        else:
+            held = (rendered.prompt_ids, list(rendered.prompt_ids))
         generated = said if action == "answer" and said else [*ids, tokenizer.eos_token_id]
         content, calls = HermesParser().parse(tokenizer.decode(generated, skip_special_tokens=True))
         if action == "repeat":
@@ -254,6 +263,7 @@ def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokeniz
     messages = [Message("system", "Answer with the tool."), Message("user", "What is x?")]
     turns: dict[str, list[list[int]]] = {}
     state = None
+    previous: list[int] = []
     for n in range(12):
         request = ChatRequest(tuple(messages), TOOLS)
         rendered.clear()
@@ -263,7 +273,11 @@ def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokeniz
         assert result.resumed == (n > 0) and result.stub == (n > 0) and result.reused_turns == n
         # the whole text once; then the stub, the stub and both added (open), the stub and the answer (closed)
         assert rendered == ([2] if n == 0 else [2, 4, 3])
-        state = result.state
+        if n > 0:  # the previous call is over: its prompt's list was cut and extended in place, not copied
+            assert result.prompt_ids is previous
+        state, previous = result.state, result.prompt_ids
+        assert state is not None
+        state.release()
         ids = [*tokenizer.encode(f'<tool_call>\n{{"name": "lookup", "arguments": {{"q": "{n}"}}}}\n</tool_call>'),
                tokenizer.eos_token_id]
         content, calls = HermesParser().parse(tokenizer.decode(ids, skip_special_tokens=True))
