@@ -10,8 +10,9 @@ validation (greedy, every `--validate-every` updates, and the first and the
 last). Each run starts from the same format-only warm start and trains the
 torch learner (`trainer/learner.py`: the real batch, loss and optimiser) on
 episodes of the demo agent run in this process (`bench/_agent_loop.py`),
-so the twelve runs take about an hour in one process on two cores (36 min as
-two), after 20 min to make the warm model the first time. It prints a table
+so one seed of the four arms took 44 min in one process on two cores shared with
+the test suite (2026-12-06: 510-870 s a run), the twelve runs about 66 min as two
+processes, after 20 min to make the warm model the first time. It prints a table
 (final and best validation reward, area under the validation curve, entropy
 mean and trend, updates with no signal, tokens and samples per task) with the
 spread over seeds, and plots validation reward and entropy per update for the
