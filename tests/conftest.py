@@ -105,6 +105,13 @@ def serve_engine(model: Path, log: Path, **env: str) -> Iterator[RunningEngine]:
         stop(process)
 
 
+@pytest.fixture(scope="module")
+def own_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
+    """An engine for one module alone: its tests change the engine's weights."""
+    with serve_engine(tiny_model, tmp_path_factory.mktemp("engine") / "engine.log") as engine:
+        yield engine
+
+
 @pytest.fixture(scope="session")
 def engine_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
     with serve_engine(tiny_model, tmp_path_factory.mktemp("engine") / "engine.log") as engine:
