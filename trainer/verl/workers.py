@@ -177,7 +177,7 @@ class TetherActorWorker(ActorRolloutRefWorker):
                  .contiguous() for name, p in get_peft_model_state_dict(peft_model).items()}
         if torch.distributed.get_rank() == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+            save_file(state, str(folder / lora.ADAPTER_FILES[1]), metadata={"format": "pt"})
             peft_model.peft_config["default"].save_pretrained(str(folder))
         torch.distributed.barrier()
 
