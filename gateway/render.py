@@ -36,7 +36,6 @@ and the gateway can check a sample of calls (`differs`).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,8 +61,8 @@ class RenderState:
     head: int  # ids before the last text piece
     #: per assistant turn: the ids reused for it (compared by identity), or None where there were none
     generated: tuple[tuple[int, list[int] | None], ...]
-    #: per assistant message: its index and `message_key` (None: not known, rendered with another `generated`)
-    keys: tuple[tuple[int, str], ...] | None
+    #: which ids `OwnTurns` gave each assistant message (None: rendered with another `generated`)
+    index: TurnIndex | None
     reused: int
     #: False where a turn whose text did not extend the template's could extend a longer conversation's
     resumable: bool
@@ -103,29 +102,56 @@ class Rendered:
     stub: bool = False  # the added turns' text rendered beside a stub, not the whole conversation's
 
 
+@dataclass(frozen=True, slots=True)
+class TurnIndex:
+    """What `OwnTurns` decided for a conversation, kept with its rendering (never changed after), so that the
+    rollout's next call looks up only the messages added: per assistant message its `message_key` (`keys`), the
+    ids found for it (`found`), how often each key has occurred (`seen`), and the occurrences that had no ids yet
+    (`missing`: message, key, occurrence), which a later generation can supply."""
+
+    keys: tuple[tuple[int, str], ...] = ()
+    found: dict[int, list[int]] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
+    missing: tuple[tuple[int, str, int], ...] = ()
+
+
 class OwnTurns:
     """`generated` for `Renderer.render`: the k-th assistant message with a given text is the k-th generation
     that produced that text (texts can repeat with other ids: a byte-level token can decode to nothing).
 
-    Built with the rollout's previous rendering, it keys only the messages added since (a key is a digest of the
-    message), and remembers that `chat` continues `after` so that the renderer does not compare them again."""
+    Built with the rollout's previous rendering, it starts from that rendering's `TurnIndex` and keys only the
+    messages added since (a key is a digest of the message), so its cost does not grow with the rollout; it
+    remembers that `chat` continues `after`, and whether any earlier message got ids it did not have then
+    (`filled`), so that the renderer need not compare the earlier turns one by one."""
 
     def __init__(self, chat: ChatRequest, turns: Mapping[str, list[list[int]]],
                  after: RenderState | None = None) -> None:
-        known = after is not None and after.keys is not None and _begins(chat, after)
+        previous = after.index if after is not None else None
+        known = after is not None and previous is not None and _begins(chat, after)
         self.after = after if known else None
-        keys = list(after.keys or ()) if known and after is not None else []
-        first = len(after.messages) if known and after is not None else 0
-        keys += [(i, message_key(m.content, m.tool_calls)) for i, m in enumerate(chat.messages[first:], first)
-                 if m.role == "assistant"]
-        self.keys = tuple(keys)
-        seen: Counter[str] = Counter()
-        self.found: dict[int, list[int]] = {}
-        for i, key in self.keys:
+        start = previous if known and previous is not None else TurnIndex()
+        found, seen, missing = dict(start.found), dict(start.seen), []
+        self.filled = False  # an occurrence without ids before has them now (lists of spellings only grow)
+        for i, key, j in start.missing:
             spellings = turns.get(key)
-            if spellings is not None and seen[key] < len(spellings):
-                self.found[i] = spellings[seen[key]]
-            seen[key] += 1
+            if spellings is not None and j < len(spellings):
+                found[i] = spellings[j]
+                self.filled = True
+            else:
+                missing.append((i, key, j))
+        first = len(after.messages) if known and after is not None else 0
+        added = tuple((i, message_key(m.content, m.tool_calls)) for i, m in enumerate(chat.messages[first:], first)
+                      if m.role == "assistant")
+        for i, key in added:
+            j = seen.get(key, 0)
+            spellings = turns.get(key)
+            if spellings is not None and j < len(spellings):
+                found[i] = spellings[j]
+            else:
+                missing.append((i, key, j))
+            seen[key] = j + 1
+        self.found = found
+        self.index = TurnIndex(start.keys + added, found, seen, tuple(missing))
 
     def __call__(self, i: int) -> list[int] | None:
         return self.found.get(i)
@@ -343,13 +369,15 @@ class Renderer:
         head = kept + len(ids)
         ids += self._piece(resumed, full, origin, done, origin + len(full), encode)
         whole_text = resumed.text[:origin] + full if resumed is not None else full
-        packed_ids = resumed.packed[:kept * 4] + packed(ids) if resumed is not None else packed(ids)
+        # one copy of the kept bytes, not two (a slice, then the sum)
+        packed_ids = (b"".join((memoryview(resumed.packed)[:kept * 4], packed(ids))) if resumed is not None
+                      else packed(ids))
         if resumed is not None:
             added, ids = ids, resumed.prefix(kept)
             ids += added
-        keys = generated.keys if isinstance(generated, OwnTurns) else None
+        index = generated.index if isinstance(generated, OwnTurns) else None
         state = RenderState(messages=request.messages, tools=request.tools, text=whole_text, ids=ids,
-                            packed=packed_ids, done=done, head=head, generated=tuple(decided), keys=keys,
+                            packed=packed_ids, done=done, head=head, generated=tuple(decided), index=index,
                             reused=reused, resumable=resumable)
         return Rendered(ids, packed_ids, whole_text, reused, state, resumed=resumed is not None, stub=stubbed)
 
@@ -381,7 +409,10 @@ def _continues(after: RenderState, request: ChatRequest, generated: Callable[[in
     `after` rendered would be the same."""
     if not after.resumable or request.tools != after.tools or not after.messages:
         return False
-    if not (isinstance(generated, OwnTurns) and generated.after is after) and not _begins(request, after):
+    if isinstance(generated, OwnTurns) and generated.after is after:
+        # built from `after`'s own index: every earlier turn keeps its ids unless one without any got them since
+        return not generated.filled
+    if not _begins(request, after):
         return False
     # the same ids for each earlier turn (a turn without any may have got them since, from a later generation)
     return all(generated(i) is ids for i, ids in after.generated)

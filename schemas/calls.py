@@ -49,9 +49,10 @@ def _common(a: str, b: str, lo: int, hi: int, *, forward: bool) -> int:
     O(log n) steps of Python."""
 
     def same(start: int, end: int) -> bool:  # characters start..end from the front (or from the back)
+        # one slice copied, not two: `a` compared where it lies (end is at most the shorter text's length)
         if forward:
-            return a[start:end] == b[start:end]
-        return a[len(a) - end:len(a) - start] == b[len(b) - end:len(b) - start]
+            return a.startswith(b[start:end], start)
+        return a.endswith(b[len(b) - end:len(b) - start], 0, len(a) - start)
 
     step = _CHUNK
     while lo + step <= hi and same(lo, lo + step):

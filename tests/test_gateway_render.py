@@ -13,6 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+import gateway.render as render_module
 from gateway.chat import ChatRequest, Message, ToolCall, message_key
 from gateway.render import Renderer, differs, own_turns, probe_stub
 from gateway.tokenizer import ChatTokenizer
@@ -247,9 +248,17 @@ def test_a_resumed_rendering_gives_the_ids_of_the_whole_one(tiny_model: Path, pl
         assert resumed == len(plan) - 1  # a plain agent loop resumes on every call after the first
 
 
-def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokenizer: ChatTokenizer) -> None:
+def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokenizer: ChatTokenizer,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The cost of a call does not grow with its rollout's turns: the template renders three times, a stub of two
-    messages and the two added, however long the conversation."""
+    messages and the two added, and only the assistant message added is keyed, however long the conversation."""
+    keyed: list[str] = []
+
+    def counting_key(content: str, calls: Any) -> str:
+        keyed.append(content)
+        return message_key(content, calls)
+
+    monkeypatch.setattr(render_module, "message_key", counting_key)
     renderer = Renderer(tokenizer)
     assert renderer.stub is not None  # the tiny model's template is local
     rendered: list[int] = []
@@ -267,7 +276,11 @@ def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokeniz
     for n in range(12):
         request = ChatRequest(tuple(messages), TOOLS)
         rendered.clear()
-        result = renderer.render(request, own_turns(request, turns, state), after=state)
+        keyed.clear()
+        looked_up = _Counting(turns)
+        result = renderer.render(request, own_turns(request, looked_up, state), after=state)
+        # only the turn added since the previous call is keyed and looked up, not every earlier one
+        assert len(keyed) == looked_up.gets == min(n, 1)
         whole = Renderer(tokenizer, stub=False).render(request, own_turns(request, turns))
         assert result.prompt_ids == whole.prompt_ids and result.packed == whole.packed
         assert result.resumed == (n > 0) and result.stub == (n > 0) and result.reused_turns == n
@@ -283,6 +296,16 @@ def test_an_agent_loop_resumes_every_call_and_renders_only_the_new_turns(tokeniz
         content, calls = HermesParser().parse(tokenizer.decode(ids, skip_special_tokens=True))
         turns.setdefault(message_key(content, calls), []).append(ids)
         messages += [Message("assistant", content, tuple(calls)), Message("tool", f"result {n}", tool_call_id="c")]
+
+
+class _Counting(dict[str, list[list[int]]]):
+    """A rollout's turns that count their look-ups."""
+
+    gets = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.gets += 1
+        return super().get(key, default)
 
 
 def test_the_check_finds_a_prompt_that_is_not_the_whole_rendering(tokenizer: ChatTokenizer) -> None:
