@@ -93,3 +93,56 @@ def test_only_a_sampling_temperature_can_be_pinned() -> None:
     for bad in (-0.1, 2.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="temperature"):
             mint("r-1", "s", 1, temperature=bad)
+
+
+seeds = st.integers(0, 2**63 - 1)
+
+
+@given(ids, st.integers(0, 2**40), st.none() | temperatures, seeds)
+def test_a_token_carries_its_rollouts_seed(rollout_id: str, issued_at: int, temperature: float | None,
+                                           seed: int) -> None:
+    token = mint(rollout_id, "s", issued_at, temperature=temperature, seed=seed)
+    pin = pinned(temperature) if temperature is not None else None
+    assert claims(token, "s") == Claims(rollout_id, issued_at, pin, seed)
+    assert claims(token, "another secret") is None
+
+
+@given(ids, st.none() | temperatures, seeds, st.text(max_size=24))
+def test_the_seed_and_the_temperature_of_a_seeded_token_cannot_be_changed_or_dropped(
+        rollout_id: str, temperature: float | None, seed: int, other: str) -> None:
+    """Every replica derives the rollout's call seeds from the token: a harness cannot choose them by editing it,
+    nor unpin its temperature by dropping the seed."""
+    prefix, rid, issued, milli, text, signature = mint(rollout_id, "s", 1000, temperature=temperature,
+                                                       seed=seed).split(".")
+    reseeded = claims(f"{prefix}.{rid}.{issued}.{milli}.{other}.{signature}", "s")
+    assert reseeded is None or (other == text and reseeded.seed == seed)
+    repinned = claims(f"{prefix}.{rid}.{issued}.{other}.{text}.{signature}", "s")
+    assert repinned is None or (other == milli and repinned.seed == seed)
+    assert claims(f"tr3.{rid}.{issued}.{milli}.{signature}", "s") is None
+    assert claims(f"tr2.{rid}.{issued}.{signature}", "s") is None
+
+
+@given(ids, st.integers(0, 2**40), st.none() | temperatures, seeds)
+def test_a_token_without_a_seed_cannot_be_given_one(rollout_id: str, issued_at: int, temperature: float | None,
+                                                    seed: int) -> None:
+    parts = mint(rollout_id, "s", issued_at, temperature=temperature).split(".")
+    rid, issued, signature, milli = parts[1], parts[2], parts[-1], parts[3] if len(parts) == 5 else ""
+    assert claims(f"tr4.{rid}.{issued}.{milli}.{seed}.{signature}", "s") is None
+
+
+def test_numbers_past_their_bounds_are_refused_not_raised() -> None:
+    """Thousands of digits make int() raise; a token that long is no token (a 401, never a 500)."""
+    import pytest
+
+    long = "1" * 5000
+    token = mint("r-1", "s", 1000, seed=1)
+    prefix, rid, issued, milli, seed, signature = token.split(".")
+    head = f"{prefix}.{rid}"
+    for forged in (f"tr2.{rid}.{long}.{signature}", f"tr3.{rid}.{long}.0.{signature}",
+                   f"{head}.{long}.{milli}.{seed}.{signature}", f"{head}.{issued}.{milli}.{long}.{signature}",
+                   f"{head}.{issued}.{milli}.{2**63}.{signature}", f"{head}.{issued}.{milli}.01.{signature}",
+                   f"{head}.{issued}.{milli}.-1.{signature}", f"{head}.0{issued}.{milli}.{seed}.{signature}"):
+        assert claims(forged, "s") is None
+    for bad in (-1, 2**63):
+        with pytest.raises(ValueError, match="seed"):
+            mint("r-1", "s", 1, seed=bad)
