@@ -33,7 +33,7 @@ COLUMNS = {
               "finish_reason", "prompt_tokens", "completion_tokens", "weight_version", "engine_ms", "queued_ms",
               "latency_ms", "received_at"],
     "rollouts": ["run_id", "rollout_id", "group_id", "task_id", "attempt", "retry_of", "runner", "weight_version",
-                 "started_at", "validation", "temperature"],
+                 "started_at", "validation", "temperature", "seed"],
     "rollout_results": ["run_id", "rollout_id", "status", "reward", "exit_code", "duration_s", "reason",
                         "finished_at"],
     "task_groups": ["run_id", "group_id", "task_id", "group_size", "rollouts", "dropped", "partial",
@@ -71,7 +71,7 @@ def row_for(event: Event) -> tuple[str, list[Any]] | None:
     if isinstance(event, RolloutStarted):
         return "rollouts", [event.run_id, event.rollout_id, event.group_id, event.task_id, event.attempt,
                             event.retry_of, event.runner, event.weight_version, event.started_at,
-                            event.validation, event.temperature]
+                            event.validation, event.temperature, event.seed]
     if isinstance(event, RolloutFinished):
         return "rollout_results", [event.run_id, event.rollout_id, event.status, event.reward, event.exit_code,
                                    event.duration_s, event.reason, event.finished_at]

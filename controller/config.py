@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.errors import ConfigError
 from schemas.config_file import load_model
+from schemas.seeds import MAX_SEED
 
 
 class Strict(BaseModel):
@@ -86,6 +87,9 @@ class RunConfig(Strict):
     validation: Validation | None = Field(None, description="Held-out validation during training.")
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     log_dir: Path = Field(Path(".tether/runs"), description="Per-rollout logs go to LOG_DIR/RUN_ID/.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="The run's seed: each rollout's (TETHER_SEED, and where "
+                      "the gateway draws the seeds of its unseeded calls) comes from it, the task and the rollout's "
+                      "index, so a run with the same seed gives its rollouts the same seeds.")
 
     @model_validator(mode="after")
     def _harness_for_runner(self) -> RunConfig:

@@ -45,6 +45,7 @@ from schemas.events import (
 )
 from schemas.producer import EventProducer
 from schemas.rollout_token import mint
+from schemas.seeds import rollout_seed
 
 log = logging.getLogger("tether.controller")
 
@@ -203,16 +204,23 @@ class Controller(Generic[S]):
     def _spec(self, launch: Launch) -> S:
         """The rollout's spec, for the runner; raises ConfigError naming a placeholder the task lacks."""
         rid, url = launch.rollout_id, self.settings.harness_url
-        token = mint(rid, self.settings.gateway_secret, temperature=launch.temperature)
+        seed = self._seed(launch)
+        token = mint(rid, self.settings.gateway_secret, temperature=launch.temperature, seed=seed)
         values = {"rollout_id": rid, "run_id": self.config.run_id, "task_id": launch.task_id,
                   "group_id": launch.group_id, "attempt": launch.attempt}
         env = {k: fill(v, values, launch.task) for k, v in self.config.harness.env.items()}
         env.update(OPENAI_BASE_URL=f"{url}/v1", OPENAI_API_KEY=token, ANTHROPIC_BASE_URL=url,
                    ANTHROPIC_API_KEY=token, TETHER_ROLLOUT_ID=rid, TETHER_RUN_ID=self.config.run_id,
-                   TETHER_TASK=json.dumps(launch.task), TETHER_REWARD_URL=f"{url}/rollouts/{rid}/reward")
+                   TETHER_TASK=json.dumps(launch.task), TETHER_REWARD_URL=f"{url}/rollouts/{rid}/reward",
+                   TETHER_SEED=str(seed))
         spec = self.spec_of(self._base(launch, env), lambda obj: fill_all(obj, values, launch.task))
         self._specs[rid] = spec
         return spec
+
+    def _seed(self, launch: Launch) -> int:
+        """The rollout's seed: the run's, the task's and its index in the group (every attempt of a slot the same,
+        so a retried rollout samples as the one it replaces would have)."""
+        return rollout_seed(self.config.seed, launch.task_id, launch.slot, launch.validation)
 
     async def _launch(self, launch: Launch) -> None:
         try:
@@ -245,7 +253,7 @@ class Controller(Generic[S]):
             task_id=launch.task_id, task_json=json.dumps(launch.task),
             group_size=launch.group_size or self.config.group_size, runner=self.config.runner,
             attempt=launch.attempt, retry_of=launch.retry_of, weight_version=self.state.version,
-            validation=launch.validation, temperature=launch.temperature)
+            validation=launch.validation, temperature=launch.temperature, seed=self._seed(launch))
         await self.producer.publish(started)
         self._apply(started)
         return started

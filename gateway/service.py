@@ -23,7 +23,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +45,7 @@ from gateway.tool_parsers import ToolParser
 from gateway.upstream import EnginePool
 from schemas import events
 from schemas.errors import BusError
+from schemas.seeds import call_seed
 
 log = logging.getLogger("tether.gateway")
 
@@ -60,6 +61,8 @@ class Call:
     #: generations, usage, weight version → the response body exactly as the harness will see it (and the record)
     respond: Callable[[list[Generation], TokenUsage, int], BaseModel]
     issued_at: float | None = None  # when the rollout's token was minted: its history starts no earlier
+    #: the rollout's seed (its token's): a call that names none samples with one derived from it and its number
+    seed: int | None = None
     #: an id under which the answer stays retrievable while the rollout is open (Responses' `store`)
     keep_as: str | None = None
 
@@ -208,7 +211,8 @@ class Gateway:
         async with self.gate.admit() as held_s:
             await self.rollout(call.rollout_id, call.issued_at)  # forgotten while held: restored again
             rollout = self.rollouts.open(call.rollout_id)  # it may have been sealed while the call was held
-            attempt = _Attempt(call=call, rollout=rollout, seq=self.rollouts.begin_call(rollout),
+            seq = self.rollouts.begin_call(rollout)
+            attempt = _Attempt(call=seeded(call, seq), rollout=rollout, seq=seq,
                                call_id=f"call-{uuid.uuid4().hex}", received=received, held_s=held_s)
             try:
                 async with contextlib.aclosing(self._serve(attempt, stream)) as items:
@@ -353,6 +357,15 @@ class Gateway:
             error=error.message if error is not None else None,
             turn_key=message_key(g.content, g.tool_calls) if error is None else None,
         )
+
+
+def seeded(call: Call, seq: int) -> Call:
+    """The call with the sampling seed it will be recorded with: the harness's own, else the one drawn from the
+    rollout's seed and the call's number (`schemas.seeds`), else none."""
+    if call.seed is None or call.chat.sampling.seed is not None:
+        return call
+    chat = replace(call.chat, sampling=replace(call.chat.sampling, seed=call_seed(call.seed, seq)))
+    return replace(call, chat=chat)
 
 
 def _dumps(value: Any) -> bytes:

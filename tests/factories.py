@@ -21,7 +21,7 @@ def examples(run_id: str = "run-1", rollout_id: str = "r-1") -> list[Event]:
                          weight_versions=[-1, 3, 3], spans=[ev.CallSpan(seq=0, start=1, end=3)])
     return [
         ev.RolloutStarted(rollout_id=rollout_id, run_id=run_id, group_id="g-1", task_id="t-1",
-                          task_json='{"q": "2+2"}', group_size=4, started_at=T0),
+                          task_json='{"q": "2+2"}', group_size=4, seed=2**62 + 7, started_at=T0),
         ev.ModelCall(call_id=f"{rollout_id}-c0", rollout_id=rollout_id, run_id=run_id, gateway_id="gw-0", seq=0,
                      api="openai.chat", model="tiny", request_json='{"messages": []}',
                      response_json='{"choices": []}', prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9],
@@ -134,7 +134,8 @@ STRATEGIES: dict[type, st.SearchStrategy[Event]] = {
     ev.RolloutStarted: st.builds(ev.RolloutStarted, rollout_id=ids, run_id=ids, group_id=ids, task_id=ids,
                                  task_json=texts, group_size=st.integers(1, 2**31 - 1), runner=texts,
                                  attempt=nat32, retry_of=st.none() | ids, weight_version=int64,
-                                 validation=st.booleans(), temperature=st.none() | st.floats(0, 2), started_at=stamps),
+                                 validation=st.booleans(), temperature=st.none() | st.floats(0, 2),
+                                 seed=st.none() | st.integers(0, 2**63 - 1), started_at=stamps),
     ev.RewardReported: st.builds(ev.RewardReported, rollout_id=ids, run_id=ids, reward=finite, source=ids,
                                  details_json=st.none() | texts, reported_at=stamps),
     ev.RolloutFinished: st.builds(ev.RolloutFinished, rollout_id=ids, run_id=ids, status=statuses,

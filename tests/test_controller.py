@@ -26,6 +26,7 @@ from schemas import topics
 from schemas.consumer import EventConsumer
 from schemas.events import RolloutSealed, RolloutStarted, run_of
 from schemas.producer import EventProducer
+from schemas.seeds import rollout_seed
 from schemas.settings import BusSettings
 from tests.conftest import ADMIN_KEY, SECRET, RunningGateway
 
@@ -319,10 +320,19 @@ async def test_validation_rounds_at_the_first_every_nth_and_final_version(
     assert state.slots and not any(gid in state.slots for gid in state.validation_slots)
     # Each harness's key pins its setting's temperature (the gateway applies it to every call); training keys pin
     # nothing.
-    keys = {line.split()[0]: line.split()[2] for line in (tmp_path / "ledger").read_text().splitlines()}
+    keys = {line.split()[0]: line.split()[2:] for line in (tmp_path / "ledger").read_text().splitlines()}
     for s in state.rollouts.values():
-        found = claims(keys[s.started.rollout_id], SECRET)
+        found = claims(keys[s.started.rollout_id][0], SECRET)
         assert found is not None and found.temperature == s.started.temperature
+    # Every rollout has its seed: on the record, in its key and in TETHER_SEED; from the run's seed (0 here), the
+    # task and its index, so each validation round's rollout of a task and slot has the same one, apart from
+    # training's.
+    for s in state.rollouts.values():
+        found = claims(keys[s.started.rollout_id][0], SECRET)
+        slot = state.rollouts[s.started.rollout_id].slot
+        assert s.started.seed == rollout_seed(0, s.started.task_id, slot, s.started.validation)
+        assert found is not None and found.seed == s.started.seed and keys[s.started.rollout_id][1] == str(found.seed)
+    assert len({s.seed for s in held}) == 3  # three held-out tasks of one slot each, the same seed every round
 
 
 async def test_a_training_rollout_is_not_started_when_the_final_version_lands_while_it_registers(

@@ -22,6 +22,7 @@ from schemas.consumer import EventConsumer
 from schemas.events import ModelCall, RolloutSealed
 from schemas.producer import EventProducer
 from schemas.rollout_token import mint
+from schemas.seeds import call_seed
 from schemas.settings import BusSettings
 from tests.conftest import SECRET, RunningGateway
 
@@ -226,3 +227,31 @@ def test_a_pinned_temperature_is_what_every_call_samples_with(gateway_server: Ru
     calls = [e for e in asyncio.run(recorded(bus, rollout_id, 4)) if isinstance(e, ModelCall)]
     assert [c.sampling.temperature for c in calls] == [0.0] * 4
     assert json.loads(calls[0].request_json)["temperature"] == 1.0  # what the harness sent stays on the record
+
+
+def test_a_seeded_rollout_samples_each_unseeded_call_with_a_seed_drawn_from_its_own(gateway_server: RunningGateway,
+                                                                                    bus: BusSettings) -> None:
+    """The token's seed gives every call that names none a seed of its own (the rollout's and the call's number),
+    recorded with the call, so a rollout of the same seed elsewhere samples the same answers; a harness's own seed
+    is kept."""
+    answers: dict[str, list[str | None]] = {}
+    seeds: dict[str, list[int | None]] = {}
+    for name, rollout_seed in (("first", 11), ("again", 11), ("other", 12)):
+        rollout_id = f"r-{uuid.uuid4().hex[:10]}"
+        gateway_server.register(rollout_id)
+        token = mint(rollout_id, SECRET, seed=rollout_seed)
+        messages: Any = [{"role": "user", "content": "Say hi."}]
+        answers[name] = [sdk(gateway_server, token).chat.completions.create(
+            model="any", messages=messages, max_tokens=12, temperature=1.0).choices[0].message.content
+            for _ in range(3)]
+        anthropic = httpx.post(f"{gateway_server.url}/v1/messages", headers={"x-api-key": token}, json={
+            "model": "any", "max_tokens": 12, "temperature": 1.0, "messages": messages})  # no seed in its API
+        assert anthropic.status_code == 200, anthropic.text
+        sdk(gateway_server, token).chat.completions.create(model="any", messages=messages, max_tokens=4, seed=5)
+        calls = sorted((e for e in asyncio.run(recorded(bus, rollout_id, 5)) if isinstance(e, ModelCall)),
+                       key=lambda c: c.seq)
+        seeds[name] = [c.sampling.seed for c in calls]
+        assert seeds[name] == [call_seed(rollout_seed, seq) for seq in range(4)] + [5]
+    assert answers["first"] == answers["again"]  # the same seeds, the same samples, in another rollout
+    assert len(set(answers["first"])) > 1  # each call its own seed: not one sample repeated
+    assert seeds["other"][:4] != seeds["first"][:4]

@@ -11,7 +11,8 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE TABLE IF NOT EXISTS rollouts (
     run_id String, rollout_id String, group_id String, task_id String, attempt UInt32,
     retry_of Nullable(String), runner LowCardinality(String), weight_version Int64,
-    started_at DateTime64(6, 'UTC'), validation Bool DEFAULT false, temperature Nullable(Float64)
+    started_at DateTime64(6, 'UTC'), validation Bool DEFAULT false, temperature Nullable(Float64),
+    seed Nullable(Int64)
 ) ENGINE = ReplacingMergeTree ORDER BY (run_id, rollout_id);
 
 CREATE TABLE IF NOT EXISTS rollout_results (
@@ -47,4 +48,5 @@ CREATE TABLE IF NOT EXISTS validation_scores (
 -- read as the default). Each is a no-op on a table that has it.
 ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS validation Bool DEFAULT false;
 ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS temperature Nullable(Float64);
+ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS seed Nullable(Int64);
 ALTER TABLE weight_versions ADD COLUMN IF NOT EXISTS final Bool DEFAULT false;

@@ -33,7 +33,7 @@ async def serve(gateway: Gateway, rollout: Claims, api: str, raw: str, parsed: H
                 answer: Responder, chat: ChatRequest | None = None, keep_as: str | None = None) -> Response:
     call = Call(rollout_id=rollout.rollout_id, api=api, request_json=raw,
                 chat=(chat or parsed.to_chat()).pinned(rollout.temperature), respond=answer.body,
-                issued_at=rollout.issued_at, keep_as=keep_as)
+                issued_at=rollout.issued_at, seed=rollout.seed, keep_as=keep_as)
     if not parsed.stream:
         finished = await gateway.complete(call)
         return Response(finished.body, media_type="application/json", headers={CALL_ID: finished.call_id})

@@ -16,6 +16,7 @@ from schemas.events._checks import (
     require_ids,
     utcnow,
 )
+from schemas.seeds import MAX_SEED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,10 +123,13 @@ class RolloutStarted:
     validation: bool = False
     #: the sampling temperature its token pins for every call; None: the harness's own
     temperature: float | None = None
+    #: the rollout's seed (`schemas.seeds`): the harness's TETHER_SEED, and where unseeded calls' seeds come from
+    seed: int | None = None
     started_at: datetime = field(default_factory=utcnow)
 
     def __post_init__(self) -> None:
         require_ids(self, "rollout_id", "run_id", "group_id", "task_id")
+        require(self.seed is None or 0 <= self.seed <= MAX_SEED, self, f"seed must be from 0 to {MAX_SEED}")
         require(self.group_size >= 1, self, "group_size must be >= 1")
         require(self.attempt >= 0, self, "attempt must be >= 0")
         require(self.temperature is None or (math.isfinite(self.temperature) and self.temperature >= 0), self,

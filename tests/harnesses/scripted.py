@@ -2,8 +2,8 @@
 
 Task fields: sleep (s), exit (code), reward (posted to TETHER_REWARD_URL), print (last stdout line),
 ignore_term (keep running on SIGTERM), child (start a grandchild that must die with the group).
-Each run appends its rollout id, pid and API key to $TEST_LEDGER, so a test can see whether a rollout ran twice
-and what it was given.
+Each run appends its rollout id, pid, API key and seed to $TEST_LEDGER, so a test can see whether a rollout ran
+twice and what it was given.
 """
 
 import json
@@ -16,7 +16,8 @@ import urllib.request
 
 task = json.loads(os.environ["TETHER_TASK"])
 with open(os.environ["TEST_LEDGER"], "a") as ledger:
-    ledger.write(f"{os.environ['TETHER_ROLLOUT_ID']} {os.getpid()} {os.environ.get('OPENAI_API_KEY', '-')}\n")
+    ledger.write(f"{os.environ['TETHER_ROLLOUT_ID']} {os.getpid()} {os.environ.get('OPENAI_API_KEY', '-')} "
+                 f"{os.environ.get('TETHER_SEED', '-')}\n")
 if task.get("ignore_term"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if task.get("child"):
