@@ -6,7 +6,21 @@ import logging
 
 import typer
 
-from tether.cli import analytics, bus, controller, engine, gateway, k8s, kafka, model, processors, stack, swe, trainer
+from tether.cli import (
+    analytics,
+    bus,
+    controller,
+    engine,
+    gateway,
+    k8s,
+    kafka,
+    model,
+    processors,
+    repro,
+    stack,
+    swe,
+    trainer,
+)
 
 SERVICES = """Services of a Tether run: kafka (the event log), engine (inference), gateway (the API harnesses call,
 records every call), controller (runs harnesses), processors (calls to training samples, analytics), trainer
@@ -33,6 +47,7 @@ app.add_typer(k8s.k8s_app, name="k8s", rich_help_panel="Stack")
 app.add_typer(swe.swe_app, name="swe", rich_help_panel="Tasks")
 
 app.command("replay", rich_help_panel="Bus")(bus.replay)
+app.command("diverge", rich_help_panel="Bus")(repro.diverge)
 app.command("analytics", rich_help_panel="Bus")(analytics.analytics)
 app.command("view", rich_help_panel="Bus")(analytics.view)
 app.command("up", rich_help_panel="Stack")(stack.stack_up)
