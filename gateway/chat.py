@@ -142,6 +142,19 @@ class Finished:
     call_id: str = ""
 
 
+def seeded_tool_calls(generation: Generation, seed: int, seq: int) -> Generation:
+    """The generation with tool-call ids drawn from the call's seed and number instead of at random.
+
+    A harness sends the ids back with the results, so random ones alone would make two runs of one seeded rollout
+    send different requests from the first tool call on; these are the same in both, and still unique within a
+    conversation (the call's number and the choice and place of the call are in them)."""
+    if not generation.tool_calls:
+        return generation
+    calls = [ToolCall(f"call_{hashlib.sha256(f'{seed}|{seq}|{generation.index}|{k}'.encode()).hexdigest()[:24]}",
+                      c.name, c.arguments) for k, c in enumerate(generation.tool_calls)]
+    return replace(generation, tool_calls=calls)
+
+
 def message_key(content: str, tool_calls: tuple[ToolCall, ...] | list[ToolCall]) -> str:
     """Identity of an assistant message, blind to JSON spacing and tool call ids (harnesses rewrite both): a
     digest, short enough to record with every call (`ModelCall.turn_key`) and to keep per turn in memory."""

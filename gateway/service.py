@@ -31,7 +31,7 @@ import orjson
 from pydantic import BaseModel
 
 from gateway.adapters import EngineKind, model_fields
-from gateway.chat import ChatRequest, Finished, Generation, Started, TokenUsage, message_key
+from gateway.chat import ChatRequest, Finished, Generation, Started, TokenUsage, message_key, seeded_tool_calls
 from gateway.choices import Choices, Delta
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
 from gateway.extends import Extension, extension, packed, tip
@@ -251,6 +251,8 @@ class Gateway:
                 yield delta
         engine_ms = (time.perf_counter() - engine_started) * 1000
         generations = state.finish(self.parser, call.chat)
+        if call.chat.sampling.seed is not None:  # a seeded call: the ids of its tool calls as repeatable as its tokens
+            generations = [seeded_tool_calls(g, call.chat.sampling.seed, attempt.seq) for g in generations]
         for delta in state.rest(generations):  # text held back for a tool call that did not parse
             yield delta
         usage = TokenUsage(prompt_tokens=len(prompt), completion_tokens=sum(len(g.token_ids) for g in generations))

@@ -255,3 +255,23 @@ def test_a_seeded_rollout_samples_each_unseeded_call_with_a_seed_drawn_from_its_
     assert answers["first"] == answers["again"]  # the same seeds, the same samples, in another rollout
     assert len(set(answers["first"])) > 1  # each call its own seed: not one sample repeated
     assert seeds["other"][:4] != seeds["first"][:4]
+
+
+def test_a_seeded_rollouts_tool_call_ids_repeat_in_another_rollout_of_its_seed(scripted_gateway: RunningGateway
+                                                                                ) -> None:
+    """A harness sends tool-call ids back with the results: drawn from the call's seed and number, they are the
+    same in a rerun of the rollout (so its next request is too), distinct within it, and random without a seed."""
+    ids: dict[str, list[str]] = {}
+    for name, seed in (("first", 21), ("again", 21), ("unseeded", None)):
+        rollout_id = f"r-{uuid.uuid4().hex[:10]}"
+        scripted_gateway.register(rollout_id)
+        token = mint(rollout_id, SECRET, seed=seed)
+        messages: Any = [{"role": "user", "content": "Look x up."}]
+        ids[name] = []
+        for _ in range(2):
+            answer = sdk(scripted_gateway, token).chat.completions.create(
+                model="any", messages=messages, tools=[LOOKUP], max_tokens=64).choices[0].message
+            assert answer.tool_calls, answer
+            ids[name] += [c.id for c in answer.tool_calls]
+    assert ids["first"] == ids["again"] and len(set(ids["first"])) == 2
+    assert all(i.startswith("call_") for i in ids["first"]) and not set(ids["unseeded"]) & set(ids["first"])
