@@ -105,11 +105,10 @@ class Rendered:
 @dataclass(frozen=True, slots=True)
 class TurnIndex:
     """What `OwnTurns` decided for a conversation, kept with its rendering (never changed after), so that the
-    rollout's next call looks up only the messages added: per assistant message its `message_key` (`keys`), the
-    ids found for it (`found`), how often each key has occurred (`seen`), and the occurrences that had no ids yet
-    (`missing`: message, key, occurrence), which a later generation can supply."""
+    rollout's next call looks up only the messages added: per assistant message the ids found for it (`found`),
+    how often each key has occurred (`seen`), and the occurrences that had no ids yet (`missing`: message, key,
+    occurrence), which a later generation can supply."""
 
-    keys: tuple[tuple[int, str], ...] = ()
     found: dict[int, list[int]] = field(default_factory=dict)
     seen: dict[str, int] = field(default_factory=dict)
     missing: tuple[tuple[int, str, int], ...] = ()
@@ -140,8 +139,8 @@ class OwnTurns:
             else:
                 missing.append((i, key, j))
         first = len(after.messages) if known and after is not None else 0
-        added = tuple((i, message_key(m.content, m.tool_calls)) for i, m in enumerate(chat.messages[first:], first)
-                      if m.role == "assistant")
+        added = [(i, message_key(m.content, m.tool_calls)) for i, m in enumerate(chat.messages[first:], first)
+                 if m.role == "assistant"]
         for i, key in added:
             j = seen.get(key, 0)
             spellings = turns.get(key)
@@ -151,7 +150,7 @@ class OwnTurns:
                 missing.append((i, key, j))
             seen[key] = j + 1
         self.found = found
-        self.index = TurnIndex(start.keys + added, found, seen, tuple(missing))
+        self.index = TurnIndex(found, seen, tuple(missing))
 
     def __call__(self, i: int) -> list[int] | None:
         return self.found.get(i)
