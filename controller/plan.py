@@ -19,8 +19,6 @@ dataset being done.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,27 +36,10 @@ from schemas.events import (
     WeightVersionPublished,
     run_of,
 )
+from schemas.rollout_ids import group_id, place, rollout_id, with_place
 
-_ID_TAIL = re.compile(r"\.r(\d+)\.a\d+$")
 DONE = frozenset({"succeeded", "failed", "timeout"})  # the slot has its rollout
 RETRY = frozenset({"lost", "cancelled"})  # the slot needs another attempt
-
-
-def task_key(task_id: str) -> str:
-    """A task id as a piece of a rollout id (which appears in URL paths): safe characters, still unique."""
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", task_id)[:48]
-    if safe == task_id:
-        return safe
-    return f"{safe}-{hashlib.sha256(task_id.encode()).hexdigest()[:8]}"
-
-
-def group_id(run_id: str, task_id: str, validation: str | None = None) -> str:
-    """`validation`: the round and setting (`controller.validation.group_key`) of a validation group."""
-    return f"{run_id}.{task_key(task_id)}" if validation is None else f"{run_id}.{validation}.{task_key(task_id)}"
-
-
-def rollout_id(run_id: str, task_id: str, slot: int, attempt: int, validation: str | None = None) -> str:
-    return f"{group_id(run_id, task_id, validation)}.r{slot}.a{attempt}"
 
 
 @dataclass
@@ -82,6 +63,8 @@ class Launch:
     validation: bool = False
     temperature: float | None = None
     group_size: int | None = None
+    #: its seed where it is already fixed (a recorded rollout's, restarted or reproduced); else drawn from the run's
+    seed: int | None = None
 
     @property
     def task_id(self) -> str:
@@ -142,9 +125,9 @@ class RunState:
 
     def _slot_of(self, event: RolloutStarted) -> int:
         # From the id, not from arrival order: a group's rollouts are spread over partitions.
-        parsed = _ID_TAIL.search(event.rollout_id)
+        parsed = place(event.rollout_id)
         if parsed is not None:
-            return int(parsed.group(1))
+            return parsed.slot
         if event.retry_of is not None and event.retry_of in self.rollouts:
             return self.rollouts[event.retry_of].slot
         return len((self.validation_slots if event.validation else self.slots).get(event.group_id, {}))
@@ -170,11 +153,11 @@ class RunState:
             last = self.rollouts[ids[-1]]
             if last.finished is not None and last.finished.status in RETRY and len(ids) < self.max_attempts:
                 attempt = last.started.attempt + 1
-                return replace(new, rollout_id=_with_tail(new.rollout_id, slot, attempt), slot=slot,
+                return replace(new, rollout_id=with_place(new.rollout_id, slot, attempt), slot=slot,
                                attempt=attempt, retry_of=last.started.rollout_id)
         if len(slots) < size:
             slot = len(slots)
-            return replace(new, rollout_id=_with_tail(new.rollout_id, slot, 0), slot=slot)
+            return replace(new, rollout_id=with_place(new.rollout_id, slot, 0), slot=slot)
         return None
 
     def groups_in_flight(self) -> int:
@@ -269,6 +252,3 @@ class RunState:
         return [score(s, outcomes[s]) for s in settings]
 
 
-def _with_tail(rid: str, slot: int, attempt: int) -> str:
-    """A rollout id of the same group, for another slot and attempt."""
-    return _ID_TAIL.sub(f".r{slot}.a{attempt}", rid)
