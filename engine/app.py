@@ -58,7 +58,7 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "weight_version": engine.version, "paused": engine.paused,
-                "busy_s": round(engine.busy_s, 6), "prefix_cache": {
+                "deterministic": engine.deterministic, "busy_s": round(engine.busy_s, 6), "prefix_cache": {
                     "entries": len(engine.prefixes), "bytes": engine.prefixes.bytes, "hits": engine.prefixes.hits,
                     "reused_tokens": engine.prefixes.reused_tokens}}
 

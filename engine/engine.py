@@ -5,6 +5,14 @@ between steps (continuous batching), so a long request never holds a short
 one. A weight change first drains: admission stops, running sequences finish
 on the old weights, the change happens, the version moves, admission resumes.
 Every sequence is admitted, prefilled and decoded under one version.
+
+In deterministic mode a sequence's numbers depend on its own prompt and seed
+only, never on what else is served: every prompt is prefilled alone in chunks
+that start at fixed positions (a cached prefix is reused up to a chunk
+boundary, so its keys and values are exactly those the prompt would compute
+alone), and every sequence is decoded in its own forward and sampled alone.
+Batched kernels pick their blocking by the batch's shape, so a row's result
+otherwise moves with its neighbours, the padding and the cache.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import SamplingParams, sample
 from engine.text import TextStream
 from schemas.adapters import is_adapter
+
+CHUNK = 256  # deterministic mode: prompts are prefilled in chunks of this many ids, at multiples of it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +99,8 @@ class _Sequence:
     chunk: Chunk
     next_token: int = -1
     generated: int = 0
+    cache: DynamicCache | None = None  # deterministic mode: the sequence's own keys and values
+    length: int = 0  # positions in `cache`
 
 
 class Engine:
@@ -101,8 +113,10 @@ class Engine:
         version: int = 0,
         prefix_cache_bytes: int = 512 << 20,
         base: Path | None = None,
+        deterministic: bool = False,
     ) -> None:
         self.model = model.eval()
+        self.deterministic = deterministic
         self.adapters = Adapters(model, base)  # versions that are low-rank adapters on these weights
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -318,6 +332,10 @@ class Engine:
     def _prefill(self, admitted: list[_Sequence]) -> None:
         """A prompt that starts like a recent one computes only its new tokens; of the others, prompts of equal
         length share one forward pass (no padding needed) and the rest go alone."""
+        if self.deterministic:
+            for seqs in _by_submission(admitted).values():
+                self._prefill_alone(seqs)
+            return
         by_length: dict[int, list[_Sequence]] = {}
         for sub, seqs in _by_submission(admitted).items():
             ids = sub.request.prompt_ids
@@ -349,7 +367,42 @@ class Engine:
         self._kv.add([([(k[i:i + 1], v[i:i + 1]) for k, v in kv], length)
                       for i, s in enumerate(group) if id(s) in alive])
 
+    def _prefill_alone(self, seqs: list[_Sequence]) -> None:
+        """Deterministic mode: one prompt (its n choices share it) in chunks at multiples of CHUNK; a cached
+        prefix counts only up to a chunk boundary, so every chunk is computed with the shapes and inputs it
+        would have with no cache at all."""
+        ids = seqs[0].submission.request.prompt_ids
+        reused, prefix = self.prefixes.longest(ids) if self.prefixes.max_bytes else (0, [])
+        reused -= reused % CHUNK
+        cache = DynamicCache(ddp_cache_data=[(k[:, :, :reused], v[:, :, :reused]) for k, v in prefix]) \
+            if reused else DynamicCache()
+        for start in range(reused, len(ids), CHUNK):
+            out = self.model(input_ids=torch.tensor([ids[start:start + CHUNK]], device=self.device),
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache = out.past_key_values
+        kv = cache_tensors(cache)
+        if self.prefixes.max_bytes:
+            self.prefixes.put(ids, kv)
+        self._running += seqs
+        for seq in seqs:  # a cache object per choice; a step concatenates into new tensors, the prompt's stay
+            seq.cache, seq.length = DynamicCache(ddp_cache_data=list(kv)), len(ids)
+            self._emit([seq], out.logits[:, -1, :])
+
+    def _decode_alone(self) -> None:
+        """Deterministic mode: each sequence's step is its own forward, over exactly its own positions."""
+        for seq in list(self._running):
+            assert seq.cache is not None
+            token = torch.tensor([[seq.next_token]], device=self.device)
+            mask = torch.ones(1, seq.length + 1, dtype=torch.long, device=self.device)
+            positions = torch.tensor([[seq.length]], device=self.device)
+            logits = decode_logits(self.model, token, mask, positions, seq.cache, self._direct)
+            seq.length += 1
+            self._emit([seq], logits)
+
     def _decode(self) -> None:
+        if self.deterministic:
+            self._decode_alone()
+            return
         cache, mask, positions = self._kv.step_inputs(self.device)
         tokens = torch.tensor([[seq.next_token] for seq in self._running], device=self.device)
         logits = decode_logits(self.model, tokens, mask, positions, cache, self._direct)

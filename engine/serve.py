@@ -31,7 +31,8 @@ def load_engine(settings: EngineSettings) -> Engine:
     model.to(device)  # type: ignore[arg-type]  # transformers' typing of .to rejects a device
     return Engine(model, tokenizer, max_batch=settings.max_batch, max_model_len=settings.max_model_len,
                   version=settings.weight_version, prefix_cache_bytes=settings.prefix_cache_mb << 20,
-                  base=Path(settings.model) if Path(settings.model).is_dir() else None)
+                  base=Path(settings.model) if Path(settings.model).is_dir() else None,
+                  deterministic=settings.deterministic)
 
 
 def serve(settings: EngineSettings) -> None:

@@ -26,6 +26,10 @@ class EngineSettings(BaseSettings):
     prefix_cache_mb: int = Field(
         512, ge=0, description="Memory for caches of recent prompts that later prompts extend (0: off)."
     )
+    deterministic: bool = Field(
+        False, description="Tokens and logprobs depend only on the request (prompt, sampling, seed), whatever else "
+        "is served: prompts prefilled alone in fixed chunks, sequences decoded one per forward. Costs throughput.",
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads for torch; default leaves one core to the HTTP server and others."
     )

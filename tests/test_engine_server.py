@@ -32,7 +32,7 @@ def test_models_and_health(engine_server: RunningEngine) -> None:
     models = client(engine_server).models.list()
     assert [m.id for m in models.data] == [engine_server.model]
     health = httpx.get(f"{engine_server.url}/health").json()
-    assert health["status"] == "ok" and isinstance(health["weight_version"], int)
+    assert health["status"] == "ok" and isinstance(health["weight_version"], int) and health["deterministic"] is False
     complete(engine_server, prompt="What is 2 + 2?", max_tokens=16, temperature=1.0, ignore_eos=True)
     after = httpx.get(f"{engine_server.url}/health").json()
     assert after["busy_s"] > health["busy_s"] >= 0  # generating is counted as the device's busy time
