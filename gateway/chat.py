@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from schemas.seeds import seeded_name
+
 
 class ToolCall(NamedTuple):
     id: str
@@ -150,8 +152,8 @@ def seeded_tool_calls(generation: Generation, seed: int, seq: int) -> Generation
     conversation (the call's number and the choice and place of the call are in them)."""
     if not generation.tool_calls:
         return generation
-    calls = [ToolCall(f"call_{hashlib.sha256(f'{seed}|{seq}|{generation.index}|{k}'.encode()).hexdigest()[:24]}",
-                      c.name, c.arguments) for k, c in enumerate(generation.tool_calls)]
+    calls = [ToolCall(f"call_{seeded_name(seed, seq, 'tool', generation.index, k)[:24]}", c.name, c.arguments)
+             for k, c in enumerate(generation.tool_calls)]
     return replace(generation, tool_calls=calls)
 
 

@@ -45,7 +45,7 @@ from gateway.tool_parsers import ToolParser
 from gateway.upstream import EnginePool
 from schemas import events
 from schemas.errors import BusError
-from schemas.seeds import call_seed
+from schemas.seeds import call_seed, seeded_name
 
 log = logging.getLogger("tether.gateway")
 
@@ -65,6 +65,8 @@ class Call:
     seed: int | None = None
     #: an id under which the answer stays retrievable while the rollout is open (Responses' `store`)
     keep_as: str | None = None
+    #: names the answer from 64 hex digits and returns its id (`Responder.rename`); seeded calls use it
+    rename: Callable[[str], str] | None = None
 
 
 @dataclass(kw_only=True)
@@ -212,7 +214,7 @@ class Gateway:
             await self.rollout(call.rollout_id, call.issued_at)  # forgotten while held: restored again
             rollout = self.rollouts.open(call.rollout_id)  # it may have been sealed while the call was held
             seq = self.rollouts.begin_call(rollout)
-            attempt = _Attempt(call=seeded(call, seq), rollout=rollout, seq=seq,
+            attempt = _Attempt(call=named(seeded(call, seq), seq), rollout=rollout, seq=seq,
                                call_id=f"call-{uuid.uuid4().hex}", received=received, held_s=held_s)
             try:
                 async with contextlib.aclosing(self._serve(attempt, stream)) as items:
@@ -368,6 +370,16 @@ def seeded(call: Call, seq: int) -> Call:
         return call
     chat = replace(call.chat, sampling=replace(call.chat.sampling, seed=call_seed(call.seed, seq)))
     return replace(call, chat=chat)
+
+
+def named(call: Call, seq: int) -> Call:
+    """A seeded call's answer named from its seed and number instead of at random: a harness sends the id back
+    (Responses' `previous_response_id`), so a random one would make a rerun's next request differ."""
+    seed = call.chat.sampling.seed
+    if seed is None or call.rename is None:
+        return call
+    answer_id = call.rename(seeded_name(seed, seq, "response"))
+    return replace(call, keep_as=answer_id) if call.keep_as is not None else call
 
 
 def _dumps(value: Any) -> bytes:

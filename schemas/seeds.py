@@ -20,10 +20,14 @@ import hashlib
 MAX_SEED = 2**63 - 1
 
 
+def _digest(*parts: object) -> bytes:
+    """The same on every machine and Python (no `hash()`: it is salted)."""
+    return hashlib.sha256("|".join(map(str, parts)).encode("utf-8", "surrogatepass")).digest()
+
+
 def _draw(*parts: object) -> int:
-    """A 63-bit integer from the parts, the same on every machine and Python (no `hash()`: it is salted)."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode("utf-8", "surrogatepass")).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    """A 63-bit integer from the parts."""
+    return int.from_bytes(_digest(*parts)[:8], "big") >> 1
 
 
 def rollout_seed(run_seed: int, task_id: str, index: int, validation: bool = False) -> int:
@@ -36,3 +40,10 @@ def rollout_seed(run_seed: int, task_id: str, index: int, validation: bool = Fal
 def call_seed(rollout_seed: int, seq: int) -> int:
     """The sampling seed of the rollout's call number `seq` where the harness sent none."""
     return _draw("tether-call", rollout_seed, seq)
+
+
+def seeded_name(seed: int, seq: int, *parts: object) -> str:
+    """64 hex digits naming something a seeded call answers with and a harness sends back (its response's id,
+    its tool calls' ids): random names would make a rerun's next request differ. Distinct per call (`seq`) and
+    per `parts` (the choice, the place of a tool call)."""
+    return _digest("tether-name", seed, seq, *parts).hex()

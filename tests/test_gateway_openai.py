@@ -257,10 +257,11 @@ def test_a_seeded_rollout_samples_each_unseeded_call_with_a_seed_drawn_from_its_
     assert seeds["other"][:4] != seeds["first"][:4]
 
 
-def test_a_seeded_rollouts_tool_call_ids_repeat_in_another_rollout_of_its_seed(scripted_gateway: RunningGateway
-                                                                                ) -> None:
-    """A harness sends tool-call ids back with the results: drawn from the call's seed and number, they are the
-    same in a rerun of the rollout (so its next request is too), distinct within it, and random without a seed."""
+def test_a_seeded_rollouts_tool_call_and_answer_ids_repeat_in_another_rollout_of_its_seed(
+        scripted_gateway: RunningGateway) -> None:
+    """A harness sends tool-call ids back with the results (and a Responses client its answers' ids): drawn from
+    the call's seed and number, they are the same in a rerun of the rollout (so its next request is too), distinct
+    within it, and random without a seed; in every API."""
     ids: dict[str, list[str]] = {}
     for name, seed in (("first", 21), ("again", 21), ("unseeded", None)):
         rollout_id = f"r-{uuid.uuid4().hex[:10]}"
@@ -270,8 +271,15 @@ def test_a_seeded_rollouts_tool_call_ids_repeat_in_another_rollout_of_its_seed(s
         ids[name] = []
         for _ in range(2):
             answer = sdk(scripted_gateway, token).chat.completions.create(
-                model="any", messages=messages, tools=[LOOKUP], max_tokens=64).choices[0].message
-            assert answer.tool_calls, answer
-            ids[name] += [c.id for c in answer.tool_calls]
-    assert ids["first"] == ids["again"] and len(set(ids["first"])) == 2
-    assert all(i.startswith("call_") for i in ids["first"]) and not set(ids["unseeded"]) & set(ids["first"])
+                model="any", messages=messages, tools=[LOOKUP], max_tokens=64)
+            assert answer.choices[0].message.tool_calls, answer
+            ids[name] += [answer.id, *(c.id for c in answer.choices[0].message.tool_calls)]
+        completion = sdk(scripted_gateway, token).completions.create(model="any", prompt="Hi", max_tokens=4)
+        message = httpx.post(f"{scripted_gateway.url}/v1/messages", headers={"x-api-key": token}, json={
+            "model": "any", "max_tokens": 12, "messages": messages})
+        assert message.status_code == 200, message.text
+        ids[name] += [completion.id, message.json()["id"]]
+    assert ids["first"] == ids["again"] and len(set(ids["first"])) == len(ids["first"]) == 6
+    assert [i.split("_")[0].split("-")[0] for i in ids["first"]] == ["chatcmpl", "call", "chatcmpl", "call", "cmpl",
+                                                                    "msg"]
+    assert not set(ids["unseeded"]) & set(ids["first"])

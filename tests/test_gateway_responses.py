@@ -19,8 +19,9 @@ from gateway.api.responses.protocol import RESPONSES, Item, Response, ResponsesR
 from gateway.chat import Message, ToolCall
 from gateway.readback import fold
 from schemas.events import ModelCall
+from schemas.rollout_token import mint
 from schemas.settings import BusSettings
-from tests.conftest import FINAL_REPLY, RunningEngine, RunningGateway, gateway
+from tests.conftest import FINAL_REPLY, SECRET, RunningEngine, RunningGateway, gateway
 from tests.factories import example
 from tests.test_gateway_agents import assert_extends, calls_of
 from tests.test_gateway_openai import new_rollout
@@ -52,6 +53,25 @@ def test_a_tool_loop_with_previous_response_id_reuses_the_models_turns(scripted_
     assert [c.api for c in recorded] == [RESPONSES, RESPONSES]
     assert_extends(recorded)  # the model's function call came back as the exact ids it sampled
     assert second.usage is not None and second.usage.input_tokens == len(recorded[1].prompt_token_ids)
+
+
+def test_a_seeded_rollouts_response_ids_repeat_in_a_rerun_and_still_chain(scripted_gateway: RunningGateway) -> None:
+    """A Responses client sends `previous_response_id` back: in a seeded rollout the ids come from the seed and the
+    call's number, so a rerun of the rollout sends the same requests, and a stored answer is found by its id."""
+    ids: dict[str, list[str]] = {}
+    for name, seed in (("first", 8), ("again", 8), ("unseeded", None)):
+        rollout_id = new_rollout(scripted_gateway)[0]
+        sdk = client(scripted_gateway, mint(rollout_id, SECRET, seed=seed))
+        first = sdk.responses.create(model="m", instructions="Use tools.", input="What is x?", tools=[LOOKUP])
+        (call,) = [o for o in first.output if o.type == "function_call"]
+        second = sdk.responses.create(model="m", instructions="Use tools.", previous_response_id=first.id,
+                                      tools=[LOOKUP], input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                              "output": "x means 42"}])
+        assert second.output_text == FINAL_REPLY and sdk.responses.retrieve(second.id).output_text == FINAL_REPLY
+        message_ids = [o.id for o in second.output if o.type == "message"]
+        ids[name] = [first.id, call.call_id, str(call.id), second.id, *message_ids]
+    assert ids["first"] == ids["again"] and len(set(ids["first"])) == len(ids["first"])
+    assert ids["first"][0].startswith("resp_") and not set(ids["unseeded"]) & set(ids["first"])
 
 
 def test_a_client_that_sends_the_whole_input_each_time_is_reused_too(scripted_gateway: RunningGateway,

@@ -28,12 +28,17 @@ class Responder(Protocol):
 
     def sse(self, items: AsyncIterator[Started | Delta | Finished]) -> AsyncIterator[str]: ...
 
+    def rename(self, name: str) -> str:
+        """Take ids from `name` (64 hex digits) instead of random ones; the answer's id."""
+        ...
+
 
 async def serve(gateway: Gateway, rollout: Claims, api: str, raw: str, parsed: HarnessRequest,
                 answer: Responder, chat: ChatRequest | None = None, keep_as: str | None = None) -> Response:
     call = Call(rollout_id=rollout.rollout_id, api=api, request_json=raw,
                 chat=(chat or parsed.to_chat()).pinned(rollout.temperature), respond=answer.body,
-                issued_at=rollout.issued_at, seed=rollout.seed, keep_as=keep_as)
+                issued_at=rollout.issued_at, seed=rollout.seed, keep_as=keep_as,
+                rename=answer.rename)
     if not parsed.stream:
         finished = await gateway.complete(call)
         return Response(finished.body, media_type="application/json", headers={CALL_ID: finished.call_id})

@@ -35,6 +35,10 @@ class Responder:
         self.request = request
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
 
+    def rename(self, name: str) -> str:
+        self.id = f"msg_{name[:24]}"
+        return self.id
+
     def _stop(self, g: Generation) -> tuple[str, str | None]:
         hit = g.stop_reason if isinstance(g.stop_reason, str) and g.stop_reason in (self.request.stop_sequences or [])\
             else None

@@ -54,6 +54,10 @@ class Responder:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
+    def rename(self, name: str) -> str:
+        self.id = f"chatcmpl-{name[:32]}"
+        return self.id
+
     def _logprobs(self, g: Generation) -> ChoiceLogprobs | None:
         return _logprobs(g, self.decode) if self.request.logprobs else None
 

@@ -21,6 +21,10 @@ class Responder:
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
+    def rename(self, name: str) -> str:
+        self.id = f"cmpl-{name[:32]}"
+        return self.id
+
     def _logprobs(self, g: Generation) -> CompletionLogprobs | None:
         if self.request.logprobs is None:
             return None

@@ -37,6 +37,10 @@ class Responder:
         self.namespaces = request.namespaces()
         self._seq = 0
 
+    def rename(self, name: str) -> str:
+        self.id, self.message_id = f"resp_{name[:32]}", f"msg_{name[32:]}"
+        return self.id
+
     def _response(self, status: str, output: list[OutputMessage | FunctionCallItem], usage: Usage | None = None,
                   **extra: Any) -> Response:
         r = self.request
