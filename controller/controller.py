@@ -61,8 +61,10 @@ class Controller(Generic[S]):
 
     def __init__(self, config: RunConfig, settings: ControllerSettings, tasks: list[dict[str, Any]], *,
                  runner: Runner[S], spec_of: SpecOf[S], producer: EventProducer, admin: GatewayAdmin,
-                 held_out: list[dict[str, Any]] | None = None) -> None:
+                 held_out: list[dict[str, Any]] | None = None, fixed: list[Launch] | None = None) -> None:
+        """`fixed`: exactly these launches, in order, instead of the run file's tasks (`tether repro`)."""
         self.config, self.settings, self.tasks = config, settings, tasks
+        self.fixed = list(fixed) if fixed is not None else None
         self.held_out = held_out or []  # the validation tasks (`config.validation`)
         self.val_settings = settings_of(config.validation.temperatures) if config.validation else []
         self.runner, self.spec_of, self.producer, self.admin = runner, spec_of, producer, admin
@@ -108,6 +110,10 @@ class Controller(Generic[S]):
 
     def _next_launch(self) -> Launch | None:
         """A validation rollout of the open round first, then training, unless the trainer is done."""
+        if self.fixed is not None:
+            while self.fixed and self.fixed[0].rollout_id in self.state.rollouts:
+                self.fixed.pop(0)  # started before a restart
+            return self.fixed.pop(0) if self.fixed else None
         found = self.state.open_round()
         if found is not None and self.config.validation is not None:
             launch = self.state.next_validation_launch(found.version, self.held_out, self.val_settings,
@@ -119,6 +125,8 @@ class Controller(Generic[S]):
         return self.state.next_launch(self.tasks, self.config.max_groups_in_flight, self.config.sync_batch)
 
     def _finished(self) -> bool:
+        if self.fixed is not None:
+            return not self.fixed
         if self.state.open_round() is not None or self._round_due():
             return False
         return self.state.done(self.tasks)
@@ -194,7 +202,7 @@ class Controller(Generic[S]):
     def _launch_of(self, state: RolloutState) -> Launch:
         s = state.started
         return Launch(s.rollout_id, s.group_id, json.loads(s.task_json), state.slot, s.attempt, s.retry_of,
-                      validation=s.validation, temperature=s.temperature, group_size=s.group_size)
+                      validation=s.validation, temperature=s.temperature, group_size=s.group_size, seed=s.seed)
 
     def _base(self, launch: Launch, env: dict[str, str]) -> Spec:
         rid = launch.rollout_id
@@ -219,7 +227,9 @@ class Controller(Generic[S]):
 
     def _seed(self, launch: Launch) -> int:
         """The rollout's seed: the run's, the task's and its index in the group (every attempt of a slot the same,
-        so a retried rollout samples as the one it replaces would have)."""
+        so a retried rollout samples as the one it replaces would have), unless the launch carries one."""
+        if launch.seed is not None:
+            return launch.seed
         return rollout_seed(self.config.seed, launch.task_id, launch.slot, launch.validation)
 
     async def _launch(self, launch: Launch) -> None:

@@ -16,7 +16,7 @@ from controller.config import Harness, RunConfig, load_tasks
 from controller.controller import Controller, Fill, SpecOf
 from controller.errors import ConfigError
 from controller.gateway_admin import GatewayAdmin
-from controller.plan import RunState
+from controller.plan import Launch, RunState
 from controller.runners.base import JobSpec, ProcessSpec, Runner, Spec
 from controller.runners.local import LocalRunner
 from controller.settings import ControllerSettings
@@ -74,8 +74,9 @@ def make_runner(config: RunConfig) -> tuple[Runner[Any], SpecOf[Any]]:
 
 
 async def run(config: RunConfig, settings: ControllerSettings,
-              on_tick: Callable[[Controller[Any]], None] | None = None) -> RunState:
-    """Run until every task group is done, or until SIGINT/SIGTERM (then running rollouts are cancelled)."""
+              on_tick: Callable[[Controller[Any]], None] | None = None, fixed: list[Launch] | None = None) -> RunState:
+    """Run until every task group is done (or `fixed`'s launches are), or until SIGINT/SIGTERM (then running
+    rollouts are cancelled)."""
     tasks = load_tasks(config.dataset)
     held_out = load_tasks(config.validation.dataset) if config.validation is not None else []
     config.run_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ async def run(config: RunConfig, settings: ControllerSettings,
     admin = GatewayAdmin(settings.gateway_url, settings.gateway_admin_key)
     async with EventProducer(settings.bus, client_id=f"controller-{config.run_id}") as producer:
         controller: Controller[Any] = Controller(config, settings, tasks, runner=runner, spec_of=spec_of,
-                                                 producer=producer, admin=admin, held_out=held_out)
+                                                 producer=producer, admin=admin, held_out=held_out, fixed=fixed)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(controller.stop()))

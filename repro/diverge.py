@@ -15,7 +15,6 @@ where the other does not is the harness's too. Pure: events in, a
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -23,9 +22,9 @@ from typing import Any, Literal
 
 from repro.spans import Span, changed_spans, readable_diff
 from schemas.events import ModelCall, RolloutStarted
+from schemas.rollout_ids import place, within_run
 
 Side = Literal["harness", "engine"]
-_SLOT = re.compile(r"\.r(\d+)\.a(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +69,8 @@ class Comparison:
     only_a: list[str] = field(default_factory=list)  # rollouts without a partner
     only_b: list[str] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
+    #: each run's training data hash (`stream_processors.pipeline.training_hash`), where the caller rebuilt it
+    training: tuple[str, str] | None = None
 
     def sides(self) -> Counter[str]:
         return Counter(d.side for d in self.divergences)
@@ -93,6 +94,8 @@ class Comparison:
                                                                   sorted(self.first_calls().items())},
             "span_classes": dict(self.span_classes().most_common()),
             "only_a": self.only_a, "only_b": self.only_b,
+            "training_hashes": list(self.training) if self.training else None,
+            "training_equal": self.training[0] == self.training[1] if self.training else None,
             "divergences": [asdict(d) for d in self.divergences],
         }
 
@@ -109,9 +112,9 @@ def rollouts(events: Iterable[object], run_id: str) -> dict[tuple[str, str], Rol
             calls.setdefault(event.rollout_id, []).append(event)
     latest: dict[tuple[str, str], tuple[int, RolloutStarted]] = {}
     for s in started.values():
-        match = _SLOT.search(s.rollout_id)
-        slot, attempt = (match.group(1), int(match.group(2))) if match else (s.rollout_id, s.attempt)
-        group = s.group_id.removeprefix(f"{run_id}.")
+        found = place(s.rollout_id)
+        slot, attempt = (str(found.slot), found.attempt) if found else (s.rollout_id, s.attempt)
+        group = within_run(s.group_id, run_id)
         key = (group, f"seed {s.seed}" if s.seed is not None else f"slot {slot}")
         if key not in latest or attempt > latest[key][0]:
             latest[key] = (attempt, s)

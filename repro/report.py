@@ -24,6 +24,9 @@ def render(comparison: Comparison, show: int = 5) -> Group:
     summary.add_row("identical calls", _share(c.identical_calls, c.calls))
     sides = c.sides()
     summary.add_row("diverged first", ", ".join(f"{side} {sides[side]}" for side in ("harness", "engine")))
+    if c.training is not None:
+        same = "equal" if c.training[0] == c.training[1] else "different"
+        summary.add_row("training data", f"{same} (sha256 {c.training[0][:16]} / {c.training[1][:16]})")
     summary.add_row("at call", ", ".join(f"#{k}: {v}" for k, v in sorted(c.first_calls().items())) or "-")
     classes = Table(title="What differed where they diverged (divergences showing each class)")
     classes.add_column("class")

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 
 from schemas.events import Event, ModelCall, TaskGroup, rollout_of, run_of
+from schemas.rollout_ids import within_run
 from schemas.serde import decode, encode, to_jsonable
 from stream_processors.call_store import CallStore, MemoryCalls
 from stream_processors.grouping import GroupState, Policy, build, ready
@@ -85,6 +86,23 @@ def content_hash(groups: Iterable[TaskGroup]) -> str:
     digest = hashlib.sha256()
     for group in sorted(groups, key=lambda g: g.group_id):
         digest.update(canonical(group).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def training_hash(groups: Iterable[TaskGroup], run_id: str) -> str:
+    """sha256 over what the trainer learns from, comparable across runs: groups and rollouts named within their
+    run (`schemas.rollout_ids.within_run`), in that order, without the run's id and the groups' creation times.
+    Two runs of the same tasks that gave the same training data hash alike."""
+    digest = hashlib.sha256()
+    for group in sorted(groups, key=lambda g: within_run(g.group_id, run_id)):
+        stored = to_jsonable(decode(encode(group)))
+        stored.pop("created_at"), stored.pop("run_id")
+        stored["group_id"] = within_run(group.group_id, run_id)
+        for rollout in stored["rollouts"] + stored["dropped"]:
+            rollout["rollout_id"] = within_run(rollout["rollout_id"], run_id)
+        stored["rollouts"].sort(key=lambda r: r["rollout_id"])
+        stored["dropped"].sort(key=lambda r: r["rollout_id"])
+        digest.update(json.dumps(stored, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     return digest.hexdigest()
 
 

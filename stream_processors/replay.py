@@ -22,12 +22,14 @@ def ours(record: Record, run_id: str) -> bool:
     return run_in_header(record.headers) in (None, run_id)
 
 
-async def read_run_events(bus: BusSettings, run_id: str, progress: Progress | None = None) -> list[Event]:
-    """The run's events on tether.calls and tether.rollouts, from the beginning to the current end."""
+async def read_run_events(bus: BusSettings, run_id: str, progress: Progress | None = None,
+                          read: tuple[topics.Topic, ...] = (topics.CALLS, topics.ROLLOUTS)) -> list[Event]:
+    """The run's events on the topics `read` (by default tether.calls and tether.rollouts), from the beginning to
+    the current end."""
     found: list[Event] = []
     async with EventProducer(bus) as deadletters, \
-            EventConsumer(bus, [topics.CALLS, topics.ROLLOUTS], deadletters, name=f"replay-{run_id}") as consumer:
-        shown = progress.add_task("reading tether.calls and tether.rollouts") if progress else None
+            EventConsumer(bus, list(read), deadletters, name=f"replay-{run_id}") as consumer:
+        shown = progress.add_task(f"reading {' and '.join(t.name for t in read)}") if progress else None
 
         def show(done: int, total: int) -> None:
             if progress is not None and shown is not None:

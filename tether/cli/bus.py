@@ -131,7 +131,7 @@ def replay(
 
     from schemas.samples import unique_groups
     from stream_processors.grouping import Policy
-    from stream_processors.pipeline import content_hash, verdict
+    from stream_processors.pipeline import content_hash, training_hash, verdict
     from stream_processors.replay import replay, write_jsonl
     from stream_processors.settings import ProcessorSettings
 
@@ -144,6 +144,7 @@ def replay(
     partial = sum(g.partial for g in groups)
     typer.echo(f"replayed {len(events)} events of run {run}: {len(groups)} task groups ({partial} partial)")
     typer.echo(f"rebuilt   sha256 {rebuilt}")
+    typer.echo(f"training  sha256 {training_hash(groups, run)} (names within the run, no times: compares runs)")
     if out is not None:
         write_jsonl(groups, out)
         typer.echo(f"wrote {out}")

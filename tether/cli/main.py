@@ -48,6 +48,7 @@ app.add_typer(swe.swe_app, name="swe", rich_help_panel="Tasks")
 
 app.command("replay", rich_help_panel="Bus")(bus.replay)
 app.command("diverge", rich_help_panel="Bus")(repro.diverge)
+app.command("repro", rich_help_panel="Bus")(repro.repro)
 app.command("analytics", rich_help_panel="Bus")(analytics.analytics)
 app.command("view", rich_help_panel="Bus")(analytics.view)
 app.command("up", rich_help_panel="Stack")(stack.stack_up)

@@ -1,16 +1,20 @@
-"""`tether diverge`: two runs of the same tasks and seeds compared call by call."""
+"""`tether diverge` and `tether repro`: two runs of the same tasks and seeds compared call by call, and a recorded
+run run again."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
-from typing import Annotated
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from tether.cli.support import failing_cleanly, load_settings
+from tether.cli.support import config_or_exit, failing_cleanly, load_settings, run_with_bar
 
 
 def diverge(
@@ -26,19 +30,72 @@ def diverge(
     from repro.report import show as show_report
     from schemas.calls import whole
     from schemas.events import ModelCall
-    from schemas.settings import BusSettings
+    from stream_processors.grouping import Policy
+    from stream_processors.pipeline import rebuild, training_hash
     from stream_processors.replay import read_run_events
+    from stream_processors.settings import ProcessorSettings
 
-    bus = load_settings(BusSettings)
+    settings = load_settings(ProcessorSettings)
     with failing_cleanly():
-        runs = {}
+        runs, hashes = {}, []
         for run in (run_a, run_b):
-            events = asyncio.run(read_run_events(bus, run))
+            events = asyncio.run(read_run_events(settings.bus, run))
             calls = whole(e for e in events if isinstance(e, ModelCall))
             runs[run] = rollouts([*(e for e in events if not isinstance(e, ModelCall)), *calls], run)
+            hashes.append(training_hash(rebuild(events, run, Policy(settings.failed, settings.fill_reward)), run))
     comparison = compare(run_a, runs[run_a], run_b, runs[run_b])
+    comparison.training = (hashes[0], hashes[1])
     if as_json:
         json.dump(comparison.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         show_report(comparison, Console(), show)
+
+
+def repro(
+    run: Annotated[str, typer.Argument(help="The recorded run's id.")],
+    run_file: Annotated[Path, typer.Option("--run-file", help="The run's YAML file: its harness, runner, reward and "
+                                                             "limits (tasks and seeds come from the record).")],
+    new_run: Annotated[str | None, typer.Option("--as", help="The new run's id (default: RUN-repro-TIME).")] = None,
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Only these task ids (repeatable).")] = None,
+    rollouts: Annotated[int | None, typer.Option("--rollouts", min=1, help="A sample of this many rollouts, the "
+                                                                         "same one every time.")] = None,
+    validation: Annotated[bool, typer.Option(help="Held-out validation rollouts too.")] = False,
+    engines: Annotated[list[str] | None, typer.Option("--engine", help="Each engine replica's URL (default: the "
+                                                                       "local stack's).")] = None,
+    engine_kind: Annotated[str, typer.Option(help="tether, vllm or sglang.")] = "tether",
+    base: Annotated[Path | None, typer.Option(help="The base model's folder, for version 0 (default: the local "
+                                                   "stack's model).")] = None,
+) -> None:
+    """Run a recorded run's rollouts again into a new run: the same tasks, seeds and harness, each on the weight
+    version it started on (the engines are handed the run's checkpoints in turn). Then `tether diverge RUN NEW`."""
+    from controller.config import load_config
+    from controller.controller import Controller
+    from controller.errors import ControllerError
+    from controller.settings import ControllerSettings
+    from repro.runner import plan, rerun
+    from tether.stack import StackSettings
+    from trainer.engines.fleet import open_replica
+
+    settings = load_settings(ControllerSettings)
+    stack = load_settings(StackSettings)
+    name = new_run or f"{run}-repro-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = config_or_exit(load_config, run_file, ControllerError).model_copy(update={"run_id": name})
+    replicas = [open_replica(engine_kind, url, 600.0) for url in engines or [stack.engine_url]]
+
+    async def main(update: Callable[..., None]) -> None:
+        phases = await plan(settings, run, name, set(tasks) if tasks else None, rollouts, validation)
+        total = sum(len(p.launches) for p in phases)
+        update(total=total, detail=f"{len(phases)} weight versions: " + ", ".join(
+            f"v{p.version} ({len(p.launches)})" for p in phases))
+        done_before = 0
+
+        def tick(c: Controller[Any]) -> None:
+            finished = sum(1 for s in c.state.rollouts.values() if s.finished is not None)
+            update(completed=min(total, done_before + finished), detail=f"version {c.state.version} · running "
+                   f"{len(c.state.running())} · finished {finished}")
+
+        await rerun(config, settings, phases, replicas, base or stack.model, tick)
+
+    run_with_bar(f"repro {run} as {name}", None, "reading the record", ControllerError, main)
+    typer.echo(f"run {name}: logs in {config.run_dir}; compare: tether diverge {run} {name}", err=True)
