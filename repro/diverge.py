@@ -34,6 +34,7 @@ class Call:
     request_text: str  # one line per message, for the diff
     response: tuple[int, ...]  # the engine's tokens
     response_text: str
+    logprobs: tuple[float, ...] = ()  # the engine's, of those tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,9 @@ class Comparison:
     pairs: int = 0
     identical_rollouts: int = 0
     calls: int = 0  # call positions compared: per pair, the longer rollout's calls
-    identical_calls: int = 0
+    identical_calls: int = 0  # the same request and the same tokens
+    exact_calls: int = 0  # identical, and their logprobs the same to the bit (what the trainer learns from)
+    max_logprob_drift: float = 0.0  # the largest |difference| of a token's logprob among identical calls
     only_a: list[str] = field(default_factory=list)  # rollouts without a partner
     only_b: list[str] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
@@ -90,6 +93,7 @@ class Comparison:
             "identical_rollouts_share": self.identical_rollouts / self.pairs if self.pairs else None,
             "calls": self.calls, "identical_calls": self.identical_calls,
             "identical_calls_share": self.identical_calls / self.calls if self.calls else None,
+            "exact_calls": self.exact_calls, "max_logprob_drift": self.max_logprob_drift,
             "first_diverged": dict(self.sides()), "first_call": {str(k): v for k, v in
                                                                   sorted(self.first_calls().items())},
             "span_classes": dict(self.span_classes().most_common()),
@@ -131,8 +135,12 @@ def compare(run_a: str, a: dict[tuple[str, str], Rollout], run_b: str, b: dict[t
         left, right = a[key], b[key]
         out.pairs += 1
         out.calls += max(len(left.calls), len(right.calls))
-        out.identical_calls += sum(x.request == y.request and x.response == y.response
-                                   for x, y in zip(left.calls, right.calls, strict=False))
+        for x, y in zip(left.calls, right.calls, strict=False):
+            if x.request == y.request and x.response == y.response:
+                out.identical_calls += 1
+                out.exact_calls += x.logprobs == y.logprobs
+                out.max_logprob_drift = max([out.max_logprob_drift, *(
+                    abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=False))])
         divergence = first_divergence(left, right)
         if divergence is None:
             out.identical_rollouts += 1
@@ -169,7 +177,7 @@ def _call(call: ModelCall) -> Call:
     except ValueError:
         response = call.response_json
     return Call(call.seq, json.dumps(request, sort_keys=True), _request_text(request),
-                tuple(call.response_token_ids), _response_text(response))
+                tuple(call.response_token_ids), _response_text(response), tuple(call.response_logprobs))
 
 
 def _request_text(request: Any) -> str:

@@ -22,6 +22,8 @@ def render(comparison: Comparison, show: int = 5) -> Group:
     summary.add_row("rollouts paired", f"{c.pairs} (unpaired: {len(c.only_a)} in A, {len(c.only_b)} in B)")
     summary.add_row("identical rollouts", _share(c.identical_rollouts, c.pairs))
     summary.add_row("identical calls", _share(c.identical_calls, c.calls))
+    summary.add_row("…logprobs to the bit", f"{_share(c.exact_calls, c.identical_calls)} (largest drift "
+                    f"{c.max_logprob_drift:.2e})")
     sides = c.sides()
     summary.add_row("diverged first", ", ".join(f"{side} {sides[side]}" for side in ("harness", "engine")))
     if c.training is not None:

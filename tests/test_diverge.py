@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given
@@ -157,3 +158,14 @@ def test_the_command_reads_both_runs_from_the_log(bus: BusSettings) -> None:
         [sys.executable, "-m", "tether.cli", "diverge", f"a-{tag}", f"b-{tag}"], capture_output=True, text=True,
         timeout=240, env={**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers, "COLUMNS": "200"})
     assert text.returncode == 0 and "identical calls" in text.stdout and "1/2 (50%)" in text.stdout, text.stdout
+
+
+def test_identical_calls_whose_logprobs_moved_are_counted_apart_with_the_largest_drift() -> None:
+    """The same request and tokens are an identical call, but the trainer learns from the logprobs too: those
+    that differ in any bit are counted apart, and the largest difference is given."""
+    a = episode("A", "t", ["r"], [[5, 6], [7]])
+    b = episode("B", "t", ["r"], [[5, 6], [7]])
+    b[1] = replace(b[1], response_logprobs=[-0.5, -0.5 + 2**-20])  # the first call's second token, last bits
+    result = compare("A", rollouts(a, "A"), "B", rollouts(b, "B"))
+    assert (result.identical_calls, result.exact_calls) == (2, 1) and result.identical_rollouts == 1
+    assert result.max_logprob_drift == 2**-20 and result.to_json()["exact_calls"] == 1
