@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from repro.spans import Span, changed_spans, readable_diff
 from schemas.events import ModelCall, RolloutStarted
@@ -104,18 +104,42 @@ class Comparison:
         }
 
 
+class Started(Protocol):
+    """What pairing needs of a rollout's start: `RolloutStarted`, or a row of the analytics `rollouts` table."""
+
+    @property
+    def rollout_id(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def seed(self) -> int | None: ...
+
+
 def rollouts(events: Iterable[object], run_id: str) -> dict[tuple[str, str], Rollout]:
     """The run's rollouts by pairing key (its latest attempt per key), each with its calls in order. `events`: the
     run's RolloutStarted and whole ModelCalls (`schemas.calls.whole`)."""
-    started: dict[str, RolloutStarted] = {}
-    calls: dict[str, list[ModelCall]] = {}
+    started: list[RolloutStarted] = []
+    calls: dict[str, list[Call]] = {}
     for event in events:
         if isinstance(event, RolloutStarted):
-            started[event.rollout_id] = event
+            started.append(event)
         elif isinstance(event, ModelCall) and event.choice_index == 0:
-            calls.setdefault(event.rollout_id, []).append(event)
-    latest: dict[tuple[str, str], tuple[int, RolloutStarted]] = {}
-    for s in started.values():
+            calls.setdefault(event.rollout_id, []).append(call_of(
+                event.seq, event.request_json, event.response_json, event.response_token_ids,
+                event.response_logprobs))
+    return keyed(started, calls, run_id)
+
+
+def keyed(started: Iterable[Started], calls: Mapping[str, list[Call]], run_id: str
+          ) -> dict[tuple[str, str], Rollout]:
+    """Rollouts by pairing key, the latest attempt of each key standing for it; `calls`: each rollout's first
+    choices, whole, in any order."""
+    latest: dict[tuple[str, str], tuple[int, Started]] = {}
+    for s in started:
         found = place(s.rollout_id)
         slot, attempt = (str(found.slot), found.attempt) if found else (s.rollout_id, s.attempt)
         group = within_run(s.group_id, run_id)
@@ -123,7 +147,7 @@ def rollouts(events: Iterable[object], run_id: str) -> dict[tuple[str, str], Rol
         if key not in latest or attempt > latest[key][0]:
             latest[key] = (attempt, s)
     return {key: Rollout(s.rollout_id, key, s.task_id, s.seed,
-                         tuple(_call(c) for c in sorted(calls.get(s.rollout_id, []), key=lambda c: c.seq)))
+                         tuple(sorted(calls.get(s.rollout_id, []), key=lambda c: c.seq)))
             for key, (_, s) in latest.items()}
 
 
@@ -167,17 +191,19 @@ def first_divergence(a: Rollout, b: Rollout) -> Divergence | None:
     return None
 
 
-def _call(call: ModelCall) -> Call:
+def call_of(seq: int, request_json: str, response_json: str, token_ids: Sequence[int],
+            logprobs: Sequence[float]) -> Call:
+    """One recorded call (made whole) as it is compared."""
     try:
-        request = json.loads(call.request_json)
+        request = json.loads(request_json)
     except ValueError:  # recorded as sent; a body that is not JSON was refused, but compare it all the same
-        request = call.request_json
+        request = request_json
     try:
-        response = json.loads(call.response_json)
+        response = json.loads(response_json)
     except ValueError:
-        response = call.response_json
-    return Call(call.seq, json.dumps(request, sort_keys=True), _request_text(request),
-                tuple(call.response_token_ids), _response_text(response), tuple(call.response_logprobs))
+        response = response_json
+    return Call(seq, json.dumps(request, sort_keys=True), _request_text(request), tuple(token_ids),
+                _response_text(response), tuple(logprobs))
 
 
 def _request_text(request: Any) -> str:

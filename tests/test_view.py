@@ -301,6 +301,10 @@ def test_every_view_in_headless_chromium(view: View, browser: WebDriver, tmp_pat
     colours = {t.value_of_css_property("background-color") for t in tokens}
     assert len(colours) > 1  # coloured by logprob
 
+    visit(browser, f"{view.url}/diverge?a={run}&b={run}", "diverge", shots / "diverge.png")  # a run against itself
+    paired = 12 + HELD_OUT
+    assert f"{paired}/{paired}" in browser.find_element(By.ID, "summary").text and not find("section.divergence")
+
 
 def test_a_refresh_shows_rollouts_that_arrived_since(view: View, browser: WebDriver) -> None:
     url = f"{view.url}/runs/{view.run_id}/rollouts"
@@ -400,3 +404,41 @@ def test_a_stored_place_past_a_topics_end_reads_the_topic_from_its_start(bus: Bu
     asyncio.run(project(store, bus, run_id, follow=False, caught_up=asyncio.Event()))
     assert store.handed == len(recorded)
     assert all(offset < 10**12 for offset in store.positions(run_id).values())
+
+
+def test_the_diverge_view_compares_two_runs_in_its_store_as_tether_diverge_does(tmp_path: Path) -> None:
+    """Two runs recorded alike and a third that samples otherwise, in one store: the page and its JSON twin give
+    the comparison `tether diverge` makes from the events themselves."""
+    from fastapi import FastAPI
+    from fastapi.staticfiles import StaticFiles
+    from fastapi.testclient import TestClient
+
+    from analytics.view.pages import router
+    from analytics.view.reads import RunReads
+    from repro.diverge import compare, rollouts
+    from schemas.calls import whole
+
+    runs = {"dv-a": recorded_run("dv-a", seed=3), "dv-b": recorded_run("dv-b", seed=3),
+            "dv-c": recorded_run("dv-c", seed=4)}
+    store = ViewStore(f"chdb://{tmp_path / 'store'}")
+    store.add([e for events in runs.values() for e in events], None)
+    app = FastAPI()
+    app.mount("/static", StaticFiles(directory=Path(__file__).parent.parent / "analytics" / "view" / "static"),
+              name="static")
+    app.include_router(router(RunReads(store)))
+
+    def expected(a: str, b: str) -> dict[str, Any]:
+        keyed = {run: rollouts([*(e for e in runs[run] if not isinstance(e, ev.ModelCall)),
+                                *whole(e for e in runs[run] if isinstance(e, ev.ModelCall))], run) for run in (a, b)}
+        return compare(a, keyed[a], b, keyed[b]).to_json()
+
+    with TestClient(app) as client:
+        same = client.get("/api/diverge", params={"a": "dv-a", "b": "dv-b"}).json()
+        assert same == expected("dv-a", "dv-b")
+        assert same["pairs"] == same["identical_rollouts"] == 12 and same["identical_calls"] == same["calls"] > 12
+        other = client.get("/api/diverge", params={"a": "dv-a", "b": "dv-c"}).json()
+        assert other == expected("dv-a", "dv-c") and other["identical_rollouts"] < other["pairs"]
+        page = client.get("/diverge", params={"a": "dv-a", "b": "dv-c"})
+        assert page.status_code == 200 and 'id="summary"' in page.text and "the engine first" in page.text
+        assert "dv-b" in client.get("/diverge").text  # the form lists the store's runs
+        assert client.get("/api/diverge", params={"a": "dv-a"}).status_code == 422

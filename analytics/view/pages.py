@@ -114,6 +114,16 @@ def router(reads: RunReads) -> APIRouter:
     def trajectory_page(request: Request, run: str, rollout_id: str) -> HTMLResponse:
         return page(request, "trajectory.html", run=run, t=found_trajectory(run, rollout_id))
 
+    @r.get("/diverge", response_class=HTMLResponse)
+    def diverge_page(request: Request, a: str | None = None, b: str | None = None,
+                     show: Annotated[int, Query(ge=0, le=500)] = 20) -> HTMLResponse:
+        comparison = reads.diverge(a, b) if a and b else None
+        return page(request, "diverge.html", runs=reads.runs(), c=comparison, show=show)
+
+    @r.get("/api/diverge")
+    def diverge_json(a: str, b: str) -> dict[str, Any]:
+        return reads.diverge(a, b).to_json()
+
     @r.get("/api/runs")
     def runs_json() -> list[RunSummary]:
         return reads.runs()

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 from analytics.sink import QUERIES
 from analytics.view.store import ViewStore
+from repro.diverge import Call as DivergeCall
+from repro.diverge import Comparison, call_of, compare, keyed
 from schemas.calls import join_request
 
 
@@ -319,6 +321,41 @@ class RunReads:
                 prompt_tokens=r["prompt_tokens"], engine_ms=r["engine_ms"], queued_ms=r["queued_ms"],
                 latency_ms=r["latency_ms"], received_at=r["received_at"]))
         return Trajectory(row=_rollout(found[0]), calls=calls)
+
+
+    def diverge(self, run_a: str, run_b: str) -> Comparison:
+        """`tether diverge`'s comparison of two runs in the store (the training data hashes aside: the store keeps
+        no task group's tokens)."""
+        paired = {}
+        for run in (run_a, run_b):
+            started = [_Started(r["rollout_id"], r["group_id"], r["task_id"], r["attempt"], r["seed"])
+                       for r in self.store.rows("SELECT rollout_id, group_id, task_id, attempt, seed FROM rollouts "
+                                                "FINAL WHERE run_id = {run:String}", run=run)]
+            rows = self.store.rows(
+                "SELECT call_id, rollout_id, seq, choice_index, request_json, response_json, response_token_ids, "
+                "response_logprobs, extends, request_head, request_tail FROM call_contents FINAL "
+                "WHERE run_id = {run:String} ORDER BY rollout_id, seq, choice_index", run=run)
+            requests: dict[str, str] = {}
+            calls: dict[str, list[DivergeCall]] = {}
+            for r in rows:
+                request = r["request_json"]
+                if r["extends"] is not None and r["extends"] in requests:
+                    request = join_request(requests[r["extends"]], r["request_head"], r["request_tail"], request)
+                requests[r["call_id"]] = request
+                if r["choice_index"] == 0:
+                    calls.setdefault(r["rollout_id"], []).append(call_of(
+                        r["seq"], request, r["response_json"], r["response_token_ids"], r["response_logprobs"]))
+            paired[run] = keyed(started, calls, run)
+        return compare(run_a, paired[run_a], run_b, paired[run_b])
+
+
+@dataclass(frozen=True)
+class _Started:
+    rollout_id: str
+    group_id: str
+    task_id: str
+    attempt: int
+    seed: int | None
 
 
 def _arguments(value: Any) -> str:
