@@ -76,6 +76,7 @@ bench: setup harnesses
 	$(BIN)/python bench/trainer_step.py
 	$(BIN)/python bench/async_vs_sync.py
 	$(BIN)/python bench/harness_clis.py
+	$(BIN)/python bench/harness_divergence.py
 	$(BIN)/python bench/long_prompts.py
 	$(BIN)/python bench/update_backends.py
 	$(BIN)/python bench/lora.py

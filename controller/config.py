@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.errors import ConfigError
@@ -104,6 +105,15 @@ class RunConfig(Strict):
     @property
     def run_dir(self) -> Path:
         return self.log_dir / self.run_id
+
+
+def keep_config(config: RunConfig) -> Path:
+    """The run's settings as run, paths absolute, in its folder (`run.yaml`): what `tether repro RUN` runs again
+    by default. `load_config` reads it back as it was."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    path = config.run_dir / "run.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
+    return path
 
 
 def load_config(path: Path) -> RunConfig:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from controller.config import Harness, RunConfig, load_tasks
+from controller.config import Harness, RunConfig, keep_config, load_tasks
 from controller.controller import Controller, Fill, SpecOf
 from controller.errors import ConfigError
 from controller.gateway_admin import GatewayAdmin
@@ -79,7 +79,7 @@ async def run(config: RunConfig, settings: ControllerSettings,
     rollouts are cancelled)."""
     tasks = load_tasks(config.dataset)
     held_out = load_tasks(config.validation.dataset) if config.validation is not None else []
-    config.run_dir.mkdir(parents=True, exist_ok=True)
+    keep_config(config)
     runner, spec_of = make_runner(config)
     admin = GatewayAdmin(settings.gateway_url, settings.gateway_admin_key)
     async with EventProducer(settings.bus, client_id=f"controller-{config.run_id}") as producer:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from controller.config import keep_config, load_config
 from repro.rerun import choose, phases, published, recorded
 from schemas import events as ev
 from schemas.rollout_ids import group_id, place, rollout_id
@@ -90,3 +92,12 @@ def test_the_training_hash_is_blind_to_the_runs_names_and_times_and_to_nothing_t
         other = replace(first, reward=0.5 if first.reward != 0.5 else 0.25)
         moved = replace(group, rollouts=[other, *group.rollouts[1:]])
         assert training_hash([group], "old") != training_hash([moved], "old")
+
+
+@pytest.mark.parametrize("example", ["claude_code/run.yaml", "codex/run.yaml", "mini_swe_agent/run.yaml",
+                                     "swe/run.yaml", "swe/run-kubernetes.yaml"])
+def test_the_run_file_the_controller_keeps_reads_back_as_the_run_it_ran(example: str, tmp_path: Path) -> None:
+    """`tether repro RUN` runs again what the controller kept in the run's folder: every setting as it was."""
+    examples = Path(__file__).parent.parent / "examples"
+    config = load_config(examples / example).model_copy(update={"log_dir": tmp_path, "seed": 11})
+    assert load_config(keep_config(config)) == config

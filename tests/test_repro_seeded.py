@@ -117,8 +117,8 @@ async def test_repro_runs_a_recorded_run_again_each_rollout_on_its_version(
         await run(load_config(settings_file), settings)  # q0 is done: q1 starts, on version 1
         phases = await plan(settings, a, r)
         assert [(p.version, p.checkpoint, len(p.launches)) for p in phases] == [(0, None, 3), (1, str(checkpoint), 3)]
-        await rerun(load_config(settings_file).model_copy(update={"run_id": r}), settings, phases, [replica],
-                    tiny_model)
+        kept = tmp_path / "a" / ".tether" / "runs" / a / "run.yaml"  # what the controller kept of run A
+        await rerun(load_config(kept).model_copy(update={"run_id": r}), settings, phases, [replica], tiny_model)
     events = {run_id: await read_run_events(bus, run_id) for run_id in (a, r)}
     versions = {run_id: {(c.rollout_id.split(".")[1], c.weight_version) for c in events[run_id]
                          if isinstance(c, ModelCall)} for run_id in (a, r)}

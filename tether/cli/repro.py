@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from tether.cli.support import config_or_exit, failing_cleanly, load_settings, run_with_bar
+from tether.cli.support import config_or_exit, fail, failing_cleanly, load_settings, run_with_bar
 
 
 def diverge(
@@ -54,8 +54,9 @@ def diverge(
 
 def repro(
     run: Annotated[str, typer.Argument(help="The recorded run's id.")],
-    run_file: Annotated[Path, typer.Option("--run-file", help="The run's YAML file: its harness, runner, reward and "
-                                                             "limits (tasks and seeds come from the record).")],
+    run_file: Annotated[Path | None, typer.Option(
+        "--run-file", help="The run's YAML file: its harness, runner, reward and limits (tasks and seeds come from "
+        "the record). Default: the one the controller kept, .tether/runs/RUN/run.yaml.")] = None,
     new_run: Annotated[str | None, typer.Option("--as", help="The new run's id (default: RUN-repro-TIME).")] = None,
     tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Only these task ids (repeatable).")] = None,
     rollouts: Annotated[int | None, typer.Option("--rollouts", min=1, help="A sample of this many rollouts, the "
@@ -68,7 +69,8 @@ def repro(
                                                    "stack's model).")] = None,
 ) -> None:
     """Run a recorded run's rollouts again into a new run: the same tasks, seeds and harness, each on the weight
-    version it started on (the engines are handed the run's checkpoints in turn). Then `tether diverge RUN NEW`."""
+    version it started on (the engines are handed the run's checkpoints in turn). Then `tether diverge RUN NEW`.
+    Run it on a stack that is not training: it changes the engines' weights."""
     from controller.config import load_config
     from controller.controller import Controller
     from controller.errors import ControllerError
@@ -80,7 +82,10 @@ def repro(
     settings = load_settings(ControllerSettings)
     stack = load_settings(StackSettings)
     name = new_run or f"{run}-repro-{time.strftime('%Y%m%d-%H%M%S')}"
-    config = config_or_exit(load_config, run_file, ControllerError).model_copy(update={"run_id": name})
+    kept = Path(".tether/runs") / run / "run.yaml"
+    if run_file is None and not kept.exists():
+        fail(f"no --run-file given, and the controller kept none at {kept}", 2)
+    config = config_or_exit(load_config, run_file or kept, ControllerError).model_copy(update={"run_id": name})
     replicas = [open_replica(engine_kind, url, 600.0) for url in engines or [stack.engine_url]]
 
     async def main(update: Callable[..., None]) -> None:

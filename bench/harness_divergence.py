@@ -1,0 +1,222 @@
+"""How far two runs of the same tasks and seeds agree, per harness, with the engine's deterministic mode off and on.
+
+    .venv/bin/python bench/harness_divergence.py [--harnesses openai-agent mini-swe-agent claude-code codex]
+        [--rollouts 2] [--context 32768] [--max-tokens 256]
+
+For each mode (the embedded engine on the tiny random model, normal, then
+TETHER_ENGINE_DETERMINISTIC) and each harness, unmodified and launched by the
+controller from its example run file, two runs (A, then B) of the same tasks
+with the same run seed, so every rollout of B has the seed of one of A. Then
+`tether diverge`'s comparison of A and B (repro.diverge): the share of
+rollouts and calls identical, who diverged first (the harness: its request
+differed after equal answers; the engine: the same request got other tokens),
+at which call, and the classes of the spans that differed; and whether the
+two runs' training data hash alike. The tiny model writes nonsense, so each
+harness does what it does with a model that never finishes the task (retries,
+format errors, giving up); --max-tokens bounds every answer (Claude Code's and
+Codex's included). Writes bench/results/harness_divergence.json and a plot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from controller.config import load_config
+from controller.main import run
+from controller.settings import ControllerSettings
+from infra.processes import free_port, stop, wait_healthy
+from repro.diverge import Comparison, compare, rollouts
+from schemas.admin import ensure_topics
+from schemas.calls import whole
+from schemas.events import ModelCall
+from schemas.settings import BusSettings
+from stream_processors.grouping import Policy
+from stream_processors.pipeline import rebuild, training_hash
+from stream_processors.replay import read_run_events
+
+from _shared import ADMIN, SECRET, arguments, pyplot, save, scratch_broker, start_gateway
+
+console = Console(width=max(160, shutil.get_terminal_size().columns))
+ROOT = Path(__file__).parent.parent
+EXAMPLES = ROOT / "examples"
+NPM_BIN = EXAMPLES / "npm" / "node_modules" / ".bin"
+MODES = ("normal", "deterministic")
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str
+    example: str  # the folder under examples/ whose run file and files it runs; "" for the openai-SDK agent
+    tasks: list[dict[str, Any]]
+
+    def run_file(self, folder: Path, run_id: str, rollouts: int, max_tokens: int) -> Path:
+        """The example's run file in `folder` (with its files), for this run: its id, the bench's group size and
+        answer bound, concurrency 2."""
+        if self.example:
+            shutil.copytree(EXAMPLES / self.example, folder, dirs_exist_ok=True)
+            config = yaml.safe_load((folder / "run.yaml").read_text())
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            config = {"harness": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "4",
+                                              "--max-tokens", str(max_tokens)]}}
+        (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in self.tasks))
+        config.update(run_id=run_id, dataset="tasks.jsonl", group_size=rollouts, concurrency=2, timeout_s=900,
+                      seed=7)
+        if self.name == "claude-code":
+            config["harness"]["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_tokens)
+        (folder / "run.yaml").write_text(yaml.safe_dump(config))
+        return folder / "run.yaml"
+
+
+HELLO = {"id": "hello-file", "problem": "Create a file hello.txt containing the word hi.", "file": "hello.txt",
+         "content": "hi"}
+HARNESSES = {h.name: h for h in (
+    Harness("openai-agent", "", [{"id": "x", "question": "What is x?", "answer": "42"},
+                                 {"id": "y", "question": "What is y?", "answer": "7"}]),
+    Harness("mini-swe-agent", "mini_swe_agent", [HELLO]),
+    Harness("claude-code", "claude_code", [HELLO]),
+    Harness("codex", "codex", [HELLO]),
+)}
+
+
+def start_engine(model: Path, scratch: Path, mode: str, max_tokens: int) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    env = {**os.environ, "TETHER_ENGINE_DETERMINISTIC": str(mode == "deterministic").lower(),
+           "TETHER_ENGINE_DEFAULT_MAX_TOKENS": str(max_tokens)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)],
+        stdout=(scratch / f"engine-{mode}.log").open("wb"), stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process, "the engine")
+    return url, process
+
+
+def measure(bus: BusSettings, a: str, b: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for run_id in (a, b):
+        events = asyncio.run(read_run_events(bus, run_id))
+        calls = whole(e for e in events if isinstance(e, ModelCall))
+        found[run_id] = (rollouts([*(e for e in events if not isinstance(e, ModelCall)), *calls], run_id),
+                         training_hash(rebuild(events, run_id, Policy()), run_id))
+    comparison: Comparison = compare(a, found[a][0], b, found[b][0])
+    comparison.training = (found[a][1], found[b][1])
+    return comparison.to_json()
+
+
+def main() -> None:
+    parser = arguments(__doc__, "harness_divergence.png")
+    parser.add_argument("--harnesses", nargs="+", choices=list(HARNESSES), default=list(HARNESSES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--rollouts", type=int, default=2, help="rollouts per task (the group size)")
+    parser.add_argument("--context", type=int, default=32768, help="the tiny model's context")
+    parser.add_argument("--max-tokens", type=int, default=256, help="the longest answer")
+    args = parser.parse_args()
+    if {"claude-code", "codex"} & set(args.harnesses) and not (NPM_BIN / "claude").exists():
+        raise SystemExit(f"the CLIs are not in {NPM_BIN}: run `make harnesses`")
+    os.environ["PATH"] = f"{NPM_BIN}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+
+    scratch, broker = scratch_broker("tether-divergence-bench-")
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        from tether.tiny_model import init_tiny
+
+        model = init_tiny(scratch / "tiny", context=args.context)
+        broker.start()
+        bus = BusSettings(bootstrap_servers=broker.bootstrap)
+        asyncio.run(ensure_topics(bus))
+        for mode in args.modes:
+            engine, engine_process = start_engine(model, scratch, mode, args.max_tokens)
+            gateway, gateway_process = start_gateway(engine, model, bus, f"divergence-{mode}", scratch)
+            settings = ControllerSettings(gateway_url=gateway, gateway_admin_key=ADMIN, gateway_secret=SECRET, bus=bus)
+            try:
+                for name in args.harnesses:
+                    harness = HARNESSES[name]
+                    pair = [f"{name}-{mode}-{side}" for side in "ab"]
+                    for run_id in pair:
+                        config = load_config(harness.run_file(scratch / run_id, run_id, args.rollouts,
+                                                              args.max_tokens))
+                        state = asyncio.run(run(config, settings))
+                        statuses = [s.finished.status for s in state.rollouts.values() if s.finished]
+                        console.print(f"{run_id}: {len(state.rollouts)} rollouts ({', '.join(sorted(statuses))})")
+                    results[f"{name}/{mode}"] = measure(bus, *pair)
+                    show_one(name, mode, results[f"{name}/{mode}"])
+            finally:
+                stop(gateway_process)
+                stop(engine_process)
+    finally:
+        broker.stop()
+        if not os.environ.get("TETHER_BENCH_KEEP"):
+            shutil.rmtree(scratch, ignore_errors=True)
+    table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {k: {f: v[f] for f in v if f != "divergences"} | {"first_divergences": [
+        {f: d[f] for f in ("task_id", "call", "side", "why")} | {"spans": d["spans"][:6]} for d in v["divergences"]]}
+        for k, v in results.items()}
+    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    console.print(f"figures: {args.out.with_suffix('.json')}")
+    plot(results, args.out)
+
+
+def show_one(name: str, mode: str, r: dict[str, Any]) -> None:
+    for d in r["divergences"][:2]:
+        console.print(f"  {name} ({mode}) {d['task_id']} call #{d['call']}, the {d['side']} first: {d['why']}")
+        for span in d["spans"][:4]:
+            console.print(f"    {span['kind']}: {span['a'][:70]!r} → {span['b'][:70]!r}")
+
+
+def _share(n: int, of: int) -> str:
+    return f"{n}/{of} ({n / of:.0%})" if of else "0/0"
+
+
+def table(results: dict[str, dict[str, Any]]) -> None:
+    out = Table(title="Two runs of the same tasks and seeds, per harness: deterministic engine mode off and on")
+    for column in ("harness", "mode", "identical rollouts", "identical calls", "logprobs to the bit",
+                   "diverged first", "at call", "classes of what differed", "training data"):
+        out.add_column(column, justify="left")
+    for key, r in results.items():
+        name, mode = key.split("/")
+        sides = ", ".join(f"{k} {v}" for k, v in r["first_diverged"].items()) or "-"
+        at = ", ".join(f"#{k}: {v}" for k, v in r["first_call"].items()) or "-"
+        classes = ", ".join(f"{k} {v}" for k, v in r["span_classes"].items()) or "-"
+        exact = f"{_share(r['exact_calls'], r['identical_calls'])}, drift ≤ {r['max_logprob_drift']:.1e}"
+        out.add_row(name, mode, _share(r["identical_rollouts"], r["pairs"]), _share(r["identical_calls"], r["calls"]),
+                    exact, sides, at, classes, "equal" if r["training_equal"] else "different")
+    console.print(out)
+
+
+def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
+    plt = pyplot()
+    names = list(dict.fromkeys(k.split("/")[0] for k in results))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+
+    def share(r: dict[str, Any]) -> float:
+        return r["identical_calls"] / r["calls"] if r["calls"] else 0.0
+
+    for m, mode in enumerate(MODES):
+        xs = [i + (m - 0.5) * 0.38 for i in range(len(names))]
+        values = [share(results[f"{n}/{mode}"]) if f"{n}/{mode}" in results else 0.0 for n in names]
+        ax.bar(xs, values, 0.38, label=mode, color={"normal": "#dd8452", "deterministic": "#4c72b0"}[mode])
+        for x, v in zip(xs, values, strict=True):
+            ax.text(x, v, f"{v:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("calls identical in both runs")
+    ax.legend(fontsize=8, title="engine mode", title_fontsize=8)
+    ax.set_title("Two runs, the same tasks and seeds: how many calls repeat (tiny model, CPU)", fontsize=10)
+    save(fig, out, console)
+
+
+if __name__ == "__main__":
+    main()
