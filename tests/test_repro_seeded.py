@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -128,3 +130,14 @@ async def test_repro_runs_a_recorded_run_again_each_rollout_on_its_version(
     same = compare(a, paired[a], r, paired[r])
     assert (same.pairs, same.identical_rollouts) == (6, 6) and same.identical_calls == same.calls
     assert training_hash(rebuild(events[a], a, Policy()), a) == training_hash(rebuild(events[r], r, Policy()), r)
+
+
+def test_the_repro_command_says_what_it_lacks(bus: BusSettings, tmp_path: Path) -> None:
+    env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": bus.bootstrap_servers}
+    missing = subprocess.run([sys.executable, "-m", "tether.cli", "repro", "never-ran"], capture_output=True,
+                             text=True, timeout=120, env=env, cwd=tmp_path)
+    assert missing.returncode == 2 and "the controller kept none at .tether/runs/never-ran/run.yaml" in missing.stderr
+    run_file = _run_file(tmp_path / "x", "never-ran", 0, TASKS)
+    empty = subprocess.run([sys.executable, "-m", "tether.cli", "repro", "never-ran", "--run-file", str(run_file)],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert empty.returncode == 1 and "no rollouts of run 'never-ran' to run again" in empty.stderr, empty.stderr
