@@ -1,17 +1,21 @@
 """How far two runs of the same tasks and seeds agree, per harness, with the engine's deterministic mode off and on.
 
     .venv/bin/python bench/harness_divergence.py [--harnesses openai-agent mini-swe-agent claude-code codex]
-        [--rollouts 2] [--context 32768] [--max-tokens 256]
+        [--modes normal deterministic] [--rollouts 2] [--context 32768] [--max-tokens 256] [--no-pin]
 
 For each mode (the embedded engine on the tiny random model, normal, then
 TETHER_ENGINE_DETERMINISTIC) and each harness, unmodified and launched by the
 controller from its example run file, two runs (A, then B) of the same tasks
-with the same run seed, so every rollout of B has the seed of one of A. Then
-`tether diverge`'s comparison of A and B (repro.diverge): the share of
-rollouts and calls identical, who diverged first (the harness: its request
-differed after equal answers; the engine: the same request got other tokens),
-at which call, and the classes of the spans that differed; and whether the
-two runs' training data hash alike. The tiny model writes nonsense, so each
+with the same run seed, so every rollout of B has the seed of one of A. The
+CLI harnesses run twice more with each rollout's working folder named by its
+seed instead of its rollout id (the example's `work/ROLLOUT_ID` puts the run's
+name into every prompt that shows the folder). Then `tether diverge`'s
+comparison of A and B (repro.diverge): the share of rollouts and calls
+identical, of calls the same in tokens (prompt and answer ids, whether or not
+the requests were equal: what trains), who diverged first (the harness: its
+request differed after equal answers; the engine: the same request got other
+tokens), at which call, and the classes of the spans that differed; and
+whether the two runs' training data hash alike. The tiny model writes nonsense, so each
 harness does what it does with a model that never finishes the task (retries,
 format errors, giving up); --max-tokens bounds every answer (Claude Code's and
 Codex's included). Writes bench/results/harness_divergence.json and a plot.
@@ -19,6 +23,7 @@ Codex's included). Writes bench/results/harness_divergence.json and a plot.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -61,12 +66,19 @@ class Harness:
     example: str  # the folder under examples/ whose run file and files it runs; "" for the openai-SDK agent
     tasks: list[dict[str, Any]]
 
-    def run_file(self, folder: Path, run_id: str, rollouts: int, max_tokens: int) -> Path:
+    def run_file(self, folder: Path, run_id: str, rollouts: int, max_tokens: int, pinned: Path | None = None
+                 ) -> Path:
         """The example's run file in `folder` (with its files), for this run: its id, the bench's group size and
-        answer bound, concurrency 2."""
+        answer bound, concurrency 2. `pinned`: each rollout works in `pinned/SEED` (emptied first) instead of the
+        example's `work/ROLLOUT_ID`, so the two runs' rollouts of one seed see the same path."""
         if self.example:
             shutil.copytree(EXAMPLES / self.example, folder, dirs_exist_ok=True)
-            config = yaml.safe_load((folder / "run.yaml").read_text())
+            text = (folder / "run.yaml").read_text()
+            if pinned is not None:  # paths relative to work/ROLLOUT_ID (its run file's ../../) made absolute
+                text = text.replace("mkdir -p work/{rollout_id}", f"rm -rf {pinned}/$TETHER_SEED && mkdir -p "
+                                    f"{pinned}/$TETHER_SEED").replace("work/{rollout_id}", f"{pinned}/$TETHER_SEED")
+                text = text.replace("../../", f"{folder.absolute()}/")
+            config = yaml.safe_load(text)
         else:
             folder.mkdir(parents=True, exist_ok=True)
             config = {"harness": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "4",
@@ -122,6 +134,8 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=2, help="rollouts per task (the group size)")
     parser.add_argument("--context", type=int, default=32768, help="the tiny model's context")
     parser.add_argument("--max-tokens", type=int, default=256, help="the longest answer")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the CLI harnesses with each rollout's working folder named by its seed")
     args = parser.parse_args()
     if {"claude-code", "codex"} & set(args.harnesses) and not (NPM_BIN / "claude").exists():
         raise SystemExit(f"the CLIs are not in {NPM_BIN}: run `make harnesses`")
@@ -143,15 +157,18 @@ def main() -> None:
             try:
                 for name in args.harnesses:
                     harness = HARNESSES[name]
-                    pair = [f"{name}-{mode}-{side}" for side in "ab"]
-                    for run_id in pair:
-                        config = load_config(harness.run_file(scratch / run_id, run_id, args.rollouts,
-                                                              args.max_tokens))
-                        state = asyncio.run(run(config, settings))
-                        statuses = [s.finished.status for s in state.rollouts.values() if s.finished]
-                        console.print(f"{run_id}: {len(state.rollouts)} rollouts ({', '.join(sorted(statuses))})")
-                    results[f"{name}/{mode}"] = measure(bus, *pair)
-                    show_one(name, mode, results[f"{name}/{mode}"])
+                    for workdir in ("per rollout", "pinned") if harness.example and args.pin else ("per rollout",):
+                        key = f"{name}/{mode}/{workdir}"
+                        pinned = scratch / f"pinned-{name}-{mode}" if workdir == "pinned" else None
+                        pair = [f"{name}-{mode}-{'pinned-' if pinned else ''}{side}" for side in "ab"]
+                        for run_id in pair:
+                            config = load_config(harness.run_file(scratch / run_id, run_id, args.rollouts,
+                                                                  args.max_tokens, pinned))
+                            state = asyncio.run(run(config, settings))
+                            statuses = [s.finished.status for s in state.rollouts.values() if s.finished]
+                            console.print(f"{run_id}: {len(state.rollouts)} rollouts ({', '.join(sorted(statuses))})")
+                        results[key] = measure(bus, *pair)
+                        show_one(key, results[key])
             finally:
                 stop(gateway_process)
                 stop(engine_process)
@@ -169,9 +186,9 @@ def main() -> None:
     plot(results, args.out)
 
 
-def show_one(name: str, mode: str, r: dict[str, Any]) -> None:
+def show_one(key: str, r: dict[str, Any]) -> None:
     for d in r["divergences"][:2]:
-        console.print(f"  {name} ({mode}) {d['task_id']} call #{d['call']}, the {d['side']} first: {d['why']}")
+        console.print(f"  {key}: {d['task_id']} call #{d['call']}, the {d['side']} first: {d['why']}")
         for span in d["spans"][:4]:
             console.print(f"    {span['kind']}: {span['a'][:70]!r} → {span['b'][:70]!r}")
 
@@ -182,40 +199,49 @@ def _share(n: int, of: int) -> str:
 
 def table(results: dict[str, dict[str, Any]]) -> None:
     out = Table(title="Two runs of the same tasks and seeds, per harness: deterministic engine mode off and on")
-    for column in ("harness", "mode", "identical rollouts", "identical calls", "logprobs to the bit",
-                   "diverged first", "at call", "classes of what differed", "training data"):
+    for column in ("harness", "engine mode", "working folder", "identical rollouts", "identical calls",
+                   "same in tokens", "logprobs to the bit", "diverged first", "at call", "classes of what differed",
+                   "training data"):
         out.add_column(column, justify="left")
     for key, r in results.items():
-        name, mode = key.split("/")
+        name, mode, workdir = key.split("/")
         sides = ", ".join(f"{k} {v}" for k, v in r["first_diverged"].items()) or "-"
         at = ", ".join(f"#{k}: {v}" for k, v in r["first_call"].items()) or "-"
         classes = ", ".join(f"{k} {v}" for k, v in r["span_classes"].items()) or "-"
         exact = f"{_share(r['exact_calls'], r['identical_calls'])}, drift ≤ {r['max_logprob_drift']:.1e}"
-        out.add_row(name, mode, _share(r["identical_rollouts"], r["pairs"]), _share(r["identical_calls"], r["calls"]),
-                    exact, sides, at, classes, "equal" if r["training_equal"] else "different")
+        out.add_row(name, mode, workdir, _share(r["identical_rollouts"], r["pairs"]),
+                    _share(r["identical_calls"], r["calls"]), _share(r["same_tokens_calls"], r["calls"]), exact,
+                    sides, at, classes,
+                    "equal" if r["training_equal"] else "different")
     console.print(out)
 
 
 def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
     plt = pyplot()
-    names = list(dict.fromkeys(k.split("/")[0] for k in results))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = list(dict.fromkeys(_label(k) for k in results))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
 
     def share(r: dict[str, Any]) -> float:
         return r["identical_calls"] / r["calls"] if r["calls"] else 0.0
 
     for m, mode in enumerate(MODES):
-        xs = [i + (m - 0.5) * 0.38 for i in range(len(names))]
-        values = [share(results[f"{n}/{mode}"]) if f"{n}/{mode}" in results else 0.0 for n in names]
+        xs = [i + (m - 0.5) * 0.38 for i in range(len(labels))]
+        found = {_label(k): share(r) for k, r in results.items() if k.split("/")[1] == mode}
+        values = [found.get(label, 0.0) for label in labels]
         ax.bar(xs, values, 0.38, label=mode, color={"normal": "#dd8452", "deterministic": "#4c72b0"}[mode])
         for x, v in zip(xs, values, strict=True):
             ax.text(x, v, f"{v:.0%}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(names)), names)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("calls identical in both runs")
     ax.legend(fontsize=8, title="engine mode", title_fontsize=8)
     ax.set_title("Two runs, the same tasks and seeds: how many calls repeat (tiny model, CPU)", fontsize=10)
     save(fig, out, console)
+
+
+def _label(key: str) -> str:
+    name, _, workdir = key.split("/")
+    return name if workdir == "per rollout" else f"{name}\n(folder by seed)"
 
 
 if __name__ == "__main__":

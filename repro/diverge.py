@@ -35,6 +35,7 @@ class Call:
     response: tuple[int, ...]  # the engine's tokens
     response_text: str
     logprobs: tuple[float, ...] = ()  # the engine's, of those tokens
+    prompt: tuple[int, ...] | None = None  # the prompt's token ids as the engine got them, where known
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,8 @@ class Comparison:
     identical_rollouts: int = 0
     calls: int = 0  # call positions compared: per pair, the longer rollout's calls
     identical_calls: int = 0  # the same request and the same tokens
+    #: the same prompt and answer token ids, the requests equal or not (what trains); None where prompts are unknown
+    same_tokens_calls: int | None = 0
     exact_calls: int = 0  # identical, and their logprobs the same to the bit (what the trainer learns from)
     max_logprob_drift: float = 0.0  # the largest |difference| of a token's logprob among identical calls
     only_a: list[str] = field(default_factory=list)  # rollouts without a partner
@@ -93,6 +96,7 @@ class Comparison:
             "identical_rollouts_share": self.identical_rollouts / self.pairs if self.pairs else None,
             "calls": self.calls, "identical_calls": self.identical_calls,
             "identical_calls_share": self.identical_calls / self.calls if self.calls else None,
+            "same_tokens_calls": self.same_tokens_calls,
             "exact_calls": self.exact_calls, "max_logprob_drift": self.max_logprob_drift,
             "first_diverged": dict(self.sides()), "first_call": {str(k): v for k, v in
                                                                   sorted(self.first_calls().items())},
@@ -130,7 +134,7 @@ def rollouts(events: Iterable[object], run_id: str) -> dict[tuple[str, str], Rol
         elif isinstance(event, ModelCall) and event.choice_index == 0:
             calls.setdefault(event.rollout_id, []).append(call_of(
                 event.seq, event.request_json, event.response_json, event.response_token_ids,
-                event.response_logprobs))
+                event.response_logprobs, event.prompt_token_ids))
     return keyed(started, calls, run_id)
 
 
@@ -160,6 +164,10 @@ def compare(run_a: str, a: dict[tuple[str, str], Rollout], run_b: str, b: dict[t
         out.pairs += 1
         out.calls += max(len(left.calls), len(right.calls))
         for x, y in zip(left.calls, right.calls, strict=False):
+            if x.prompt is None or y.prompt is None:
+                out.same_tokens_calls = None
+            elif out.same_tokens_calls is not None:
+                out.same_tokens_calls += x.prompt == y.prompt and x.response == y.response
             if x.request == y.request and x.response == y.response:
                 out.identical_calls += 1
                 out.exact_calls += x.logprobs == y.logprobs
@@ -192,7 +200,7 @@ def first_divergence(a: Rollout, b: Rollout) -> Divergence | None:
 
 
 def call_of(seq: int, request_json: str, response_json: str, token_ids: Sequence[int],
-            logprobs: Sequence[float]) -> Call:
+            logprobs: Sequence[float], prompt: Sequence[int] | None = None) -> Call:
     """One recorded call (made whole) as it is compared."""
     try:
         request = json.loads(request_json)
@@ -203,7 +211,7 @@ def call_of(seq: int, request_json: str, response_json: str, token_ids: Sequence
     except ValueError:
         response = response_json
     return Call(seq, json.dumps(request, sort_keys=True), _request_text(request), tuple(token_ids),
-                _response_text(response), tuple(logprobs))
+                _response_text(response), tuple(logprobs), tuple(prompt) if prompt is not None else None)
 
 
 def _request_text(request: Any) -> str:

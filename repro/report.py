@@ -22,6 +22,9 @@ def render(comparison: Comparison, show: int = 5) -> Group:
     summary.add_row("rollouts paired", f"{c.pairs} (unpaired: {len(c.only_a)} in A, {len(c.only_b)} in B)")
     summary.add_row("identical rollouts", _share(c.identical_rollouts, c.pairs))
     summary.add_row("identical calls", _share(c.identical_calls, c.calls))
+    if c.same_tokens_calls is not None:
+        summary.add_row("calls the same in tokens", f"{_share(c.same_tokens_calls, c.calls)} (prompt and answer "
+                        "ids, the requests equal or not: what trains)")
     summary.add_row("…logprobs to the bit", f"{_share(c.exact_calls, c.identical_calls)} (largest drift "
                     f"{c.max_logprob_drift:.2e})")
     sides = c.sides()

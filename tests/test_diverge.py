@@ -169,3 +169,14 @@ def test_identical_calls_whose_logprobs_moved_are_counted_apart_with_the_largest
     result = compare("A", rollouts(a, "A"), "B", rollouts(b, "B"))
     assert (result.identical_calls, result.exact_calls) == (2, 1) and result.identical_rollouts == 1
     assert result.max_logprob_drift == 2**-20 and result.to_json()["exact_calls"] == 1
+
+
+def test_calls_whose_requests_differ_where_the_prompt_tokens_do_not_are_the_same_training_data() -> None:
+    """A harness's request can differ in what the template never renders (an item's id): not identical calls, but
+    the same prompt and answer tokens, which is what the trainer sees."""
+    a = episode("A", "t", ["r"], [[5, 6], [7]])
+    b = episode("B", "t", ["r"], [[5, 6], [7]], system=SYSTEM + " ")  # the factory's prompt ids stay [1, 2, 3]
+    result = compare("A", rollouts(a, "A"), "B", rollouts(b, "B"))
+    assert (result.identical_calls, result.same_tokens_calls, result.calls) == (0, 2, 2)
+    b[2] = replace(b[2], prompt_token_ids=[1, 2, 4])
+    assert compare("A", rollouts(a, "A"), "B", rollouts(b, "B")).same_tokens_calls == 1

@@ -324,8 +324,8 @@ class RunReads:
 
 
     def diverge(self, run_a: str, run_b: str) -> Comparison:
-        """`tether diverge`'s comparison of two runs in the store (the training data hashes aside: the store keeps
-        no task group's tokens)."""
+        """`tether diverge`'s comparison of two runs in the store (the training data hashes and the calls the same in
+        tokens aside: the store keeps no task group's tokens and no prompt ids)."""
         paired = {}
         for run in (run_a, run_b):
             started = [_Started(r["rollout_id"], r["group_id"], r["task_id"], r["attempt"], r["seed"])
