@@ -134,9 +134,13 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=2, help="rollouts per task (the group size)")
     parser.add_argument("--context", type=int, default=32768, help="the tiny model's context")
     parser.add_argument("--max-tokens", type=int, default=256, help="the longest answer")
+    parser.add_argument("--replot", action="store_true", help="only draw the plot again from the last run's JSON")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the CLI harnesses with each rollout's working folder named by its seed")
     args = parser.parse_args()
+    if args.replot:
+        replot(args.out.with_suffix(".json"), args.out)
+        return
     if {"claude-code", "codex"} & set(args.harnesses) and not (NPM_BIN / "claude").exists():
         raise SystemExit(f"the CLIs are not in {NPM_BIN}: run `make harnesses`")
     os.environ["PATH"] = f"{NPM_BIN}:{Path(sys.executable).parent}:{os.environ['PATH']}"
@@ -217,31 +221,41 @@ def table(results: dict[str, dict[str, Any]]) -> None:
 
 
 def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
+    """Left: calls identical as requests and answers; right: calls the same in tokens, each bar marked with
+    whether the two runs' training data hash alike."""
     plt = pyplot()
     labels = list(dict.fromkeys(_label(k) for k in results))
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-
-    def share(r: dict[str, Any]) -> float:
-        return r["identical_calls"] / r["calls"] if r["calls"] else 0.0
-
-    for m, mode in enumerate(MODES):
-        xs = [i + (m - 0.5) * 0.38 for i in range(len(labels))]
-        found = {_label(k): share(r) for k, r in results.items() if k.split("/")[1] == mode}
-        values = [found.get(label, 0.0) for label in labels]
-        ax.bar(xs, values, 0.38, label=mode, color={"normal": "#dd8452", "deterministic": "#4c72b0"}[mode])
-        for x, v in zip(xs, values, strict=True):
-            ax.text(x, v, f"{v:.0%}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylim(0, 1.15)
-    ax.set_ylabel("calls identical in both runs")
-    ax.legend(fontsize=8, title="engine mode", title_fontsize=8)
-    ax.set_title("Two runs, the same tasks and seeds: how many calls repeat (tiny model, CPU)", fontsize=10)
+    fig, panels = plt.subplots(1, 2, figsize=(13, 4), sharey=True)
+    shown = (("identical_calls", "calls identical (request and answer)"),
+             ("same_tokens_calls", "calls the same in tokens; training data: = equal, ≠ differs"))
+    for ax, (field_, title) in zip(panels, shown, strict=True):
+        for m, mode in enumerate(MODES):
+            xs = [i + (m - 0.5) * 0.38 for i in range(len(labels))]
+            rows = {_label(k): r for k, r in results.items() if k.split("/")[1] == mode}
+            values = [rows[label][field_] / rows[label]["calls"] if label in rows and rows[label]["calls"] else 0.0
+                      for label in labels]
+            ax.bar(xs, values, 0.38, label=mode, color={"normal": "#dd8452", "deterministic": "#4c72b0"}[mode])
+            for x, v, label in zip(xs, values, labels, strict=True):
+                mark = ("=" if rows[label]["training_equal"] else "≠") if field_ == "same_tokens_calls" and \
+                    label in rows else f"{v:.0%}"
+                ax.text(x, v, mark, ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(labels)), labels, fontsize=7)
+        ax.set_ylim(0, 1.15)
+        ax.set_title(title, fontsize=9)
+    panels[0].set_ylabel("share of calls, two runs of one seed")
+    panels[0].legend(fontsize=8, title="engine mode", title_fontsize=8)
+    fig.suptitle("Two runs, the same tasks and seeds, per harness (tiny model, CPU)", fontsize=10)
     save(fig, out, console)
 
 
 def _label(key: str) -> str:
     name, _, workdir = key.split("/")
     return name if workdir == "per rollout" else f"{name}\n(folder by seed)"
+
+
+def replot(figures: Path, out: Path) -> None:
+    """The plot again from a run's JSON (`--replot`)."""
+    plot(json.loads(figures.read_text()), out)
 
 
 if __name__ == "__main__":
