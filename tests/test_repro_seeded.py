@@ -141,3 +141,6 @@ def test_the_repro_command_says_what_it_lacks(bus: BusSettings, tmp_path: Path) 
     empty = subprocess.run([sys.executable, "-m", "tether.cli", "repro", "never-ran", "--run-file", str(run_file)],
                            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert empty.returncode == 1 and "no rollouts of run 'never-ran' to run again" in empty.stderr, empty.stderr
+    kind = subprocess.run([sys.executable, "-m", "tether.cli", "repro", "never-ran", "--run-file", str(run_file),
+                           "--engine-kind", "tgi"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert kind.returncode == 2 and "--engine-kind: 'tgi' is not one of tether, vllm, sglang" in kind.stderr

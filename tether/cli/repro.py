@@ -52,6 +52,9 @@ def diverge(
         show_report(comparison, Console(), show)
 
 
+ENGINE_KINDS = ("tether", "vllm", "sglang")
+
+
 def repro(
     run: Annotated[str, typer.Argument(help="The recorded run's id.")],
     run_file: Annotated[Path | None, typer.Option(
@@ -79,6 +82,8 @@ def repro(
     from tether.stack import StackSettings
     from trainer.engines.fleet import open_replica
 
+    if engine_kind not in ENGINE_KINDS:
+        fail(f"--engine-kind: {engine_kind!r} is not one of {', '.join(ENGINE_KINDS)}", 2)
     settings = load_settings(ControllerSettings)
     stack = load_settings(StackSettings)
     name = new_run or f"{run}-repro-{time.strftime('%Y%m%d-%H%M%S')}"
