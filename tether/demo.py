@@ -90,6 +90,8 @@ class DemoSettings(BaseSettings):
     max_turns: int = Field(ge=1, description="The agent's model calls per rollout at most.")
     backend: Literal["torch", "verl"] = Field("torch", description="verl: the update on verl's own workers (Ray).")
     workers: int = Field(2, ge=1, description="With backend verl: its data-parallel workers.")
+    lora_rank: int = Field(0, ge=0, description="0: train every weight; R: rank-R adapters on every linear layer "
+                           "(alpha 2R), each version handed to the engine as an adapter.")
     validation_tasks: int = Field(ge=0, description="Held-out tasks validated (0: no validation).")
     validate_every: int = Field(ge=1, description="Validate every N weight versions, and the first and last.")
     validation_temperatures: list[float | None] = Field(
@@ -239,7 +241,8 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         "epochs": settings.epochs, "mini_batches": settings.mini_batches, "adam_eps": settings.adam_eps,
         "max_staleness": 2, "zero_variance": "drop", "fill": settings.fill,
         "max_fill_groups": settings.batch_groups * FILL_CAP, "backend": settings.backend, "workers": settings.workers,
-        "validation_wait_s": 300})
+        "validation_wait_s": 300,
+        **({"lora": {"rank": settings.lora_rank, "alpha": 2 * settings.lora_rank}} if settings.lora_rank else {})})
     stack = Stack(stack_settings)
     try:
         with status(console, "tether up: Kafka, engine, gateway, processors, trainer..."):
@@ -307,6 +310,9 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str)
     table.add_column("figure")
     table.add_column("value", overflow="fold")  # paths and commands whole, to copy
     table.add_row("task", demo_task.summary)
+    table.add_row("trained", f"{settings.backend} backend, " + (
+        f"rank-{settings.lora_rank} adapters (alpha {2 * settings.lora_rank}) on every linear layer"
+        if settings.lora_rank else "every weight"))
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
         tail = rewards[-5:]
