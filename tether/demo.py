@@ -92,6 +92,8 @@ class DemoSettings(BaseSettings):
     workers: int = Field(2, ge=1, description="With backend verl: its data-parallel workers.")
     lora_rank: int = Field(0, ge=0, description="0: train every weight; R: rank-R adapters on every linear layer "
                            "(alpha 2R), each version handed to the engine as an adapter.")
+    lora_targets: list[str] | None = Field(None, description="With lora_rank: the modules that get adapters (JSON "
+                                           "list, e.g. with lm_head); default every linear layer but the head.")
     validation_tasks: int = Field(ge=0, description="Held-out tasks validated (0: no validation).")
     validate_every: int = Field(ge=1, description="Validate every N weight versions, and the first and last.")
     validation_temperatures: list[float | None] = Field(
@@ -242,7 +244,9 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         "max_staleness": 2, "zero_variance": "drop", "fill": settings.fill,
         "max_fill_groups": settings.batch_groups * FILL_CAP, "backend": settings.backend, "workers": settings.workers,
         "validation_wait_s": 300,
-        **({"lora": {"rank": settings.lora_rank, "alpha": 2 * settings.lora_rank}} if settings.lora_rank else {})})
+        **({"lora": {"rank": settings.lora_rank, "alpha": 2 * settings.lora_rank,
+                     **({"target_modules": settings.lora_targets} if settings.lora_targets else {})}}
+           if settings.lora_rank else {})})
     stack = Stack(stack_settings)
     try:
         with status(console, "tether up: Kafka, engine, gateway, processors, trainer..."):
@@ -311,7 +315,8 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str)
     table.add_column("value", overflow="fold")  # paths and commands whole, to copy
     table.add_row("task", demo_task.summary)
     table.add_row("trained", f"{settings.backend} backend, " + (
-        f"rank-{settings.lora_rank} adapters (alpha {2 * settings.lora_rank}) on every linear layer"
+        f"rank-{settings.lora_rank} adapters (alpha {2 * settings.lora_rank}) on "
+        f"{', '.join(settings.lora_targets) if settings.lora_targets else 'every linear layer but the head'}"
         if settings.lora_rank else "every weight"))
     table.add_row("updates", f"{len(history)} (weight version {history[-1]['version']:.0f})" if history else "0")
     if rewards:
