@@ -20,7 +20,7 @@ from pydantic_settings import (
 )
 
 from gateway.adapters import EngineKind
-from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
+from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET, SECRET_PATTERN
 from schemas.settings import BusSettings
 
 
@@ -49,7 +49,8 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     public_url: str | None = Field(None, description="How harnesses reach it; defaults to http://host:port.")
-    secret: str = Field(DEVELOPMENT_SECRET, min_length=8, description="HMAC key of rollout tokens.")
+    secret: str = Field(DEVELOPMENT_SECRET, min_length=8, pattern=SECRET_PATTERN,
+                        description="HMAC key of rollout tokens.")
     admin_key: str = Field(DEVELOPMENT_ADMIN_KEY, min_length=8, description="Key for /admin endpoints.")
     path_binding_requires_token: bool = Field(
         True, description="/rollouts/{id}/v1/... also needs that rollout's token as the API key; turn off only "

@@ -53,6 +53,15 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+#: A secret holds no NUL: HMAC pads its key with zero bytes, so `k` and `k` + NUL would be one key (settings that
+#: take a secret use this pattern; a token is neither minted nor verified with such a secret).
+SECRET_PATTERN = "^[^\\x00]+$"
+
+
+def usable_secret(secret: str) -> bool:
+    return bool(secret) and "\x00" not in secret
+
+
 def _signature(message: str, secret: str) -> bytes:
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).digest()
 
@@ -85,6 +94,8 @@ def mint(rollout_id: str, secret: str, issued_at: int | None = None, temperature
          seed: int | None = None) -> str:
     if not rollout_id or not secret:
         raise ValueError("rollout_id and secret must not be empty")
+    if not usable_secret(secret):
+        raise ValueError("a secret must not contain NUL (HMAC would take it for a shorter one)")
     issued = int(time.time()) if issued_at is None else issued_at
     if seed is not None:
         if not 0 <= seed <= MAX_SEED:
@@ -102,6 +113,8 @@ def mint(rollout_id: str, secret: str, issued_at: int | None = None, temperature
 
 def claims(token: str, secret: str) -> Claims | None:
     """What a valid token says, or None if it is not a valid token for this secret."""
+    if not usable_secret(secret):
+        return None
     parts = token.split(".")
     try:
         rollout_id = _unb64(parts[1]).decode() if len(parts) in (3, 4, 5, 6) else ""

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.rollout_token import Claims, claims, mint, pinned, verify
 
 ids = st.text(min_size=1, max_size=80)
+secrets = st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=40)  # what settings accept
 
 
-@given(ids, st.text(min_size=1, max_size=40))
+@given(ids, secrets)
 def test_a_token_verifies_to_its_rollout(rollout_id: str, secret: str) -> None:
     assert verify(mint(rollout_id, secret), secret) == rollout_id
 
@@ -146,3 +148,25 @@ def test_numbers_past_their_bounds_are_refused_not_raised() -> None:
     for bad in (-1, 2**63):
         with pytest.raises(ValueError, match="seed"):
             mint("r-1", "s", 1, seed=bad)
+
+
+@given(ids, st.integers(1, 3))
+def test_a_secret_with_a_nul_is_refused_since_hmac_would_take_it_for_a_shorter_one(rollout_id: str, n: int) -> None:
+    token = mint(rollout_id, "the gateway secret")
+    assert verify(token, "the gateway secret" + "\x00" * n) is None
+    with pytest.raises(ValueError, match="NUL"):
+        mint(rollout_id, "the gateway secret\x00")
+
+
+def test_the_settings_that_take_a_secret_refuse_a_nul() -> None:
+    from pydantic import ValidationError
+
+    from controller.settings import ControllerSettings
+    from gateway.settings import GatewaySettings
+
+    with pytest.raises(ValidationError):
+        GatewaySettings(secret="a long secret\x00")
+    with pytest.raises(ValidationError):
+        ControllerSettings(gateway_secret="a long secret\x00")
+    assert GatewaySettings(secret="a long secret").secret == "a long secret"
+    assert ControllerSettings(gateway_secret="a long secret").gateway_secret == "a long secret"

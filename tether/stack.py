@@ -40,7 +40,7 @@ from infra.kafka.settings import BrokerSettings
 from infra.loadbalancer import config as haproxy_config
 from infra.loadbalancer import haproxy
 from infra.processes import alive, children_of, running_pid, spawn, stop_group, tail, write_pid_file
-from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
+from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET, SECRET_PATTERN
 
 _STOP_GRACE_S = 30.0  # each service's time from SIGTERM to SIGKILL on `down`
 #: What `up` records of the stack it starts: every setting that names its processes (no secrets).
@@ -61,7 +61,7 @@ class StackSettings(BaseSettings):
     gateway_port: int = Field(8000, ge=1, le=65535)
     gateway_replicas: int = Field(1, ge=1, le=16, description="Above 1: replicas on the next ports, HAProxy in "
                                   "front on gateway_port.")
-    secret: str = Field(DEVELOPMENT_SECRET, min_length=8)
+    secret: str = Field(DEVELOPMENT_SECRET, min_length=8, pattern=SECRET_PATTERN)
     admin_key: str = Field(DEVELOPMENT_ADMIN_KEY, min_length=8)
     trainer: dict[str, object] = Field(default_factory=dict, description="Overrides of the trainer's YAML.")
     with_trainer: bool = True
