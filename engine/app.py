@@ -12,9 +12,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from engine.engine import Chunk, Engine
+from engine.engine import Engine
 from engine.errors import EngineError, ModelNotFound
 from engine.protocol import Choice, CompletionRequest, Responder, error_body
+from engine.sequences import Chunk
 from schemas.validation import first_error
 
 

@@ -7,12 +7,9 @@ on the old weights, the change happens, the version moves, admission resumes.
 Every sequence is admitted, prefilled and decoded under one version.
 
 In deterministic mode a sequence's numbers depend on its own prompt and seed
-only, never on what else is served: every prompt is prefilled alone in chunks
-that start at fixed positions (a cached prefix is reused up to a chunk
-boundary, so its keys and values are exactly those the prompt would compute
-alone), and every sequence is decoded in its own forward and sampled alone.
-Batched kernels pick their blocking by the batch's shape, so a row's result
-otherwise moves with its neighbours, the padding and the cache.
+only, never on what else is served: every prompt is prefilled alone and every
+sequence decoded alone (`engine.alone`), and sampled alone. The request, chunk
+and per-choice types are in `engine.sequences`.
 """
 
 from __future__ import annotations
@@ -24,83 +21,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from engine import attention
+from engine import alone, attention
 from engine.errors import ContextOverflow, EngineUnavailable, InvalidRequest
 from engine.forward import decode_logits, supports_direct
 from engine.kv_batch import KV, KVBatch, cache_tensors
 from engine.lora import Adapters
 from engine.prefix_cache import PrefixCache
-from engine.sampling import SamplingParams, sample
+from engine.sampling import sample
+from engine.sequences import Chunk, Request, Sequence, Submission, by_submission, deliver
 from engine.text import TextStream
 from schemas.adapters import is_adapter
-
-CHUNK = 256  # deterministic mode: prompts are prefilled in chunks of this many ids, at multiples of it
-
-
-@dataclass(frozen=True, kw_only=True)
-class Request:
-    """One completion request, already validated against the protocol; n choices share the prompt."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    n: int = 1
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    stream: bool = True  # a chunk per token; otherwise one chunk per choice when it finishes
-
-
-@dataclass(kw_only=True)
-class Chunk:
-    """Tokens of one choice since its previous chunk, with their logprobs and the text they add."""
-
-    index: int
-    version: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    text_offsets: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-
-@dataclass(eq=False, kw_only=True)
-class _Submission:
-    request: Request
-    queue: asyncio.Queue[Chunk | BaseException]
-    loop: asyncio.AbstractEventLoop
-    version: int = -1
-    cancelled: bool = False
-
-    def put(self, item: Chunk | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-def _deliver(batch: list[tuple[_Submission, Chunk]]) -> None:
-    for submission, chunk in batch:
-        submission.queue.put_nowait(chunk)
-
-
-@dataclass(eq=False, kw_only=True)
-class _Sequence:
-    submission: _Submission
-    index: int
-    text: TextStream
-    rng: random.Random
-    chunk: Chunk
-    next_token: int = -1
-    generated: int = 0
-    cache: DynamicCache | None = None  # deterministic mode: the sequence's own keys and values
-    length: int = 0  # positions in `cache`
 
 
 class Engine:
@@ -129,8 +65,8 @@ class Engine:
             model.set_attn_implementation(attention.NAME)  # same results, no key/value copies when decoding
         self.version = version
         self.busy_s = 0.0  # seconds spent in prefill and decode steps: the device's share of generation
-        self._pending: deque[_Submission] = deque()
-        self._running: list[_Sequence] = []
+        self._pending: deque[Submission] = deque()
+        self._running: list[Sequence] = []
         self._kv = KVBatch()
         self.prefixes = PrefixCache(prefix_cache_bytes)  # the engine thread's; cleared while drained
         self._cond = threading.Condition()
@@ -178,7 +114,7 @@ class Engine:
     async def generate(self, request: Request) -> AsyncIterator[Chunk]:
         """Chunks of all n choices as they are produced; each says the weight version that produced it."""
         self.check(request)
-        submission = _Submission(request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop())
+        submission = Submission(request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop())
         with self._cond:
             if self._stopping:
                 raise EngineUnavailable("the engine is shutting down")
@@ -308,8 +244,8 @@ class Engine:
         for sub in self._pending:
             sub.put(EngineUnavailable("the engine stopped"))
 
-    def _admit(self) -> list[_Sequence]:
-        admitted: list[_Sequence] = []
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
         while self._admitting and self._pending:
             sub = self._pending[0]
             if sub.cancelled:
@@ -323,21 +259,21 @@ class Engine:
             for i in range(sub.request.n):
                 rng = random.Random(seed + i) if seed is not None else self._rng
                 text = TextStream(self.tokenizer, sub.request.stop)
-                admitted.append(_Sequence(submission=sub, index=i, text=text, rng=rng,
+                admitted.append(Sequence(submission=sub, index=i, text=text, rng=rng,
                                           chunk=Chunk(index=i, version=self.version)))
         if admitted:
             self._idle.clear()
         return admitted
 
-    def _prefill(self, admitted: list[_Sequence]) -> None:
+    def _prefill(self, admitted: list[Sequence]) -> None:
         """A prompt that starts like a recent one computes only its new tokens; of the others, prompts of equal
         length share one forward pass (no padding needed) and the rest go alone."""
         if self.deterministic:
-            for seqs in _by_submission(admitted).values():
+            for seqs in by_submission(admitted).values():
                 self._prefill_alone(seqs)
             return
-        by_length: dict[int, list[_Sequence]] = {}
-        for sub, seqs in _by_submission(admitted).items():
+        by_length: dict[int, list[Sequence]] = {}
+        for sub, seqs in by_submission(admitted).items():
             ids = sub.request.prompt_ids
             reused, kv = self.prefixes.longest(ids) if self.prefixes.max_bytes else (0, [])
             if reused:
@@ -347,7 +283,7 @@ class Engine:
         for group in by_length.values():
             self._forward(group, 0, [])
 
-    def _forward(self, group: list[_Sequence], reused: int, prefix: KV) -> None:
+    def _forward(self, group: list[Sequence], reused: int, prefix: KV) -> None:
         """Prefill prompts of one length whose first `reused` ids have the cache `prefix` (all share it)."""
         ids = torch.tensor([s.submission.request.prompt_ids[reused:] for s in group], device=self.device)
         rows = len(group)
@@ -357,7 +293,7 @@ class Engine:
         kv = cache_tensors(out.past_key_values)
         length = reused + ids.shape[1]
         if self.prefixes.max_bytes:
-            for sub, seqs in _by_submission(group).items():
+            for sub, seqs in by_submission(group).items():
                 i = group.index(seqs[0])
                 self.prefixes.put(sub.request.prompt_ids, [(k, v) if rows == 1 else (k[i:i + 1].clone(),
                                                            v[i:i + 1].clone()) for k, v in kv])
@@ -367,35 +303,23 @@ class Engine:
         self._kv.add([([(k[i:i + 1], v[i:i + 1]) for k, v in kv], length)
                       for i, s in enumerate(group) if id(s) in alive])
 
-    def _prefill_alone(self, seqs: list[_Sequence]) -> None:
-        """Deterministic mode: one prompt (its n choices share it) in chunks at multiples of CHUNK; a cached
-        prefix counts only up to a chunk boundary, so every chunk is computed with the shapes and inputs it
-        would have with no cache at all."""
+    def _prefill_alone(self, seqs: list[Sequence]) -> None:
+        """Deterministic mode: one prompt, its n choices sharing it (`engine.alone`)."""
         ids = seqs[0].submission.request.prompt_ids
-        reused, prefix = self.prefixes.longest(ids) if self.prefixes.max_bytes else (0, [])
-        reused -= reused % CHUNK
-        cache = DynamicCache(ddp_cache_data=[(k[:, :, :reused], v[:, :, :reused]) for k, v in prefix]) \
-            if reused else DynamicCache()
-        for start in range(reused, len(ids), CHUNK):
-            out = self.model(input_ids=torch.tensor([ids[start:start + CHUNK]], device=self.device),
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-        kv = cache_tensors(cache)
+        kv, logits = alone.prefill(self.model, ids, self.prefixes.longest(ids) if self.prefixes.max_bytes else
+                                   (0, []), self.device)
         if self.prefixes.max_bytes:
             self.prefixes.put(ids, kv)
         self._running += seqs
         for seq in seqs:  # a cache object per choice; a step concatenates into new tensors, the prompt's stay
             seq.cache, seq.length = DynamicCache(ddp_cache_data=list(kv)), len(ids)
-            self._emit([seq], out.logits[:, -1, :])
+            self._emit([seq], logits)
 
     def _decode_alone(self) -> None:
         """Deterministic mode: each sequence's step is its own forward, over exactly its own positions."""
         for seq in list(self._running):
             assert seq.cache is not None
-            token = torch.tensor([[seq.next_token]], device=self.device)
-            mask = torch.ones(1, seq.length + 1, dtype=torch.long, device=self.device)
-            positions = torch.tensor([[seq.length]], device=self.device)
-            logits = decode_logits(self.model, token, mask, positions, seq.cache, self._direct)
+            logits = alone.decode(self.model, seq.next_token, seq.cache, seq.length, self.device, self._direct)
             seq.length += 1
             self._emit([seq], logits)
 
@@ -413,13 +337,13 @@ class Engine:
             keep = set(map(id, self._running))
             self._kv.keep([i for i, seq in enumerate(before) if id(seq) in keep])
 
-    def _emit(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
+    def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per sequence, send it, and retire the sequences that finished."""
         sampled = sample(logits, [s.submission.request.sampling for s in seqs], [s.rng for s in seqs])
         tokens, logprobs = sampled.tokens.tolist(), sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()
         done: set[int] = set()
-        outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Submission, Chunk]]] = {}
+        outbox: dict[asyncio.AbstractEventLoop, list[tuple[Submission, Chunk]]] = {}
         for row, seq in enumerate(seqs):
             request = seq.submission.request
             token = tokens[row]
@@ -450,17 +374,9 @@ class Engine:
             if finish is not None or seq.submission.cancelled:
                 done.add(id(seq))
         for loop, batch in outbox.items():  # one wake-up per event loop and step, not one per token
-            loop.call_soon_threadsafe(_deliver, batch)
+            loop.call_soon_threadsafe(deliver, batch)
         if done:
             self._running = [s for s in self._running if id(s) not in done]
-
-
-def _by_submission(seqs: list[_Sequence]) -> dict[_Submission, list[_Sequence]]:
-    """The n choices of each request together, in order."""
-    out: dict[_Submission, list[_Sequence]] = {}
-    for seq in seqs:
-        out.setdefault(seq.submission, []).append(seq)
-    return out
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from engine.engine import Chunk, Request
 from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
+from engine.sequences import Chunk, Request
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
 

@@ -20,8 +20,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.engine import CHUNK, Engine, Request
+from engine.alone import CHUNK
+from engine.engine import Engine
 from engine.sampling import SamplingParams
+from engine.sequences import Request
 
 Result = tuple[tuple[int, ...], bytes, tuple[tuple[int, bytes], ...]]
 

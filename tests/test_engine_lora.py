@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.engine import Engine, Request
+from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
+from engine.sequences import Request
 from tests.test_trainer_backends import good_vs_bad, token_log_probs
 from tests.test_trainer_lora import learner, other_base
 from trainer import checkpoint, lora

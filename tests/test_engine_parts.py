@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from engine import attention
-from engine.engine import Engine, Request
+from engine.engine import Engine
 from engine.forward import decode_logits, supports_direct
 from engine.kv_batch import KVBatch, cache_tensors
 from engine.protocol import CompletionRequest
 from engine.sampling import SamplingParams, distribution, sample
+from engine.sequences import Request
 from engine.text import TextStream
 
 logit_rows = st.lists(st.floats(-20, 20), min_size=2, max_size=40)

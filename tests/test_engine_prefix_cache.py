@@ -11,10 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.engine import Engine, Request
+from engine.engine import Engine
 from engine.kv_batch import KV
 from engine.prefix_cache import MIN_REUSE, PrefixCache, shared_prefix
 from engine.sampling import SamplingParams
+from engine.sequences import Request
 
 
 @given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
