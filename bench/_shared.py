@@ -58,8 +58,10 @@ def arguments(doc: str | None, plot: str) -> argparse.ArgumentParser:
     return parser
 
 
-def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path
+def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path, env: dict[str, str] | None = None
                  ) -> tuple[str, subprocess.Popen[bytes]]:
+    """FakeVLLM scripted with `replies` (kind fake), else the embedded engine on `model` (`env`: TETHER_ENGINE_*
+    settings over this process's environment)."""
     port = free_port()
     if kind == "fake":
         args = [sys.executable, "-m", "tests.fakes.vllm", "--tokenizer", str(model), "--port", str(port)]
@@ -67,7 +69,8 @@ def start_engine(kind: str, model: Path, replies: tuple[str, ...], scratch: Path
             args += ["--reply", reply]
     else:
         args = [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)]
-    process = subprocess.Popen(args, stdout=(scratch / f"engine-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(args, stdout=(scratch / f"engine-{port}.log").open("wb"), stderr=subprocess.STDOUT,
+                               env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, process, "the engine")
     return url, process

@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,17 +40,13 @@ from rich.table import Table
 from controller.config import load_config
 from controller.main import run
 from controller.settings import ControllerSettings
-from infra.processes import free_port, stop, wait_healthy
-from repro.diverge import Comparison, compare, rollouts
+from infra.processes import stop
+from repro.read import compare_runs
 from schemas.admin import ensure_topics
-from schemas.calls import whole
-from schemas.events import ModelCall
 from schemas.settings import BusSettings
 from stream_processors.grouping import Policy
-from stream_processors.pipeline import rebuild, training_hash
-from stream_processors.replay import read_run_events
 
-from _shared import ADMIN, SECRET, arguments, pyplot, save, scratch_broker, start_gateway
+from _shared import ADMIN, SECRET, arguments, pyplot, save, scratch_broker, start_engine, start_gateway
 
 console = Console(width=max(160, shutil.get_terminal_size().columns))
 ROOT = Path(__file__).parent.parent
@@ -103,28 +98,8 @@ HARNESSES = {h.name: h for h in (
 )}
 
 
-def start_engine(model: Path, scratch: Path, mode: str, max_tokens: int) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    env = {**os.environ, "TETHER_ENGINE_DETERMINISTIC": str(mode == "deterministic").lower(),
-           "TETHER_ENGINE_DEFAULT_MAX_TOKENS": str(max_tokens)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tether.cli", "engine", "serve", "--model", str(model), "--port", str(port)],
-        stdout=(scratch / f"engine-{mode}.log").open("wb"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, process, "the engine")
-    return url, process
-
-
 def measure(bus: BusSettings, a: str, b: str) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for run_id in (a, b):
-        events = asyncio.run(read_run_events(bus, run_id))
-        calls = whole(e for e in events if isinstance(e, ModelCall))
-        found[run_id] = (rollouts([*(e for e in events if not isinstance(e, ModelCall)), *calls], run_id),
-                         training_hash(rebuild(events, run_id, Policy()), run_id))
-    comparison: Comparison = compare(a, found[a][0], b, found[b][0])
-    comparison.training = (found[a][1], found[b][1])
-    return comparison.to_json()
+    return asyncio.run(compare_runs(bus, a, b, Policy())).to_json()
 
 
 def main() -> None:
@@ -155,7 +130,9 @@ def main() -> None:
         bus = BusSettings(bootstrap_servers=broker.bootstrap)
         asyncio.run(ensure_topics(bus))
         for mode in args.modes:
-            engine, engine_process = start_engine(model, scratch, mode, args.max_tokens)
+            engine, engine_process = start_engine("tiny", model, (), scratch, {
+                "TETHER_ENGINE_DETERMINISTIC": str(mode == "deterministic").lower(),
+                "TETHER_ENGINE_DEFAULT_MAX_TOKENS": str(args.max_tokens)})
             gateway, gateway_process = start_gateway(engine, model, bus, f"divergence-{mode}", scratch)
             settings = ControllerSettings(gateway_url=gateway, gateway_admin_key=ADMIN, gateway_secret=SECRET, bus=bus)
             try:

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -233,6 +234,7 @@ class Controller(Generic[S]):
         return rollout_seed(self.config.seed, launch.task_id, launch.slot, launch.validation)
 
     async def _launch(self, launch: Launch) -> None:
+        launch = replace(launch, seed=self._seed(launch))  # drawn once: the token, TETHER_SEED and the record
         try:
             spec = self._spec(launch)
         except ConfigError as exc:  # e.g. a placeholder the task lacks: this rollout cannot run

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from controller.plan import Launch
 from schemas.events import RolloutStarted, WeightVersionPublished
-from schemas.rollout_ids import place, within_run
+from schemas.rollout_ids import in_group, place, within_run
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def phases(chosen: list[RolloutStarted], old_run: str, new_run: str,
         slot = found.slot if found else 0
         group = f"{new_run}.{within_run(s.group_id, old_run)}"
         by_version.setdefault(s.weight_version, []).append(Launch(
-            f"{group}.r{slot}.a0", group, json.loads(s.task_json), slot, 0, None, validation=s.validation,
+            in_group(group, slot, 0), group, json.loads(s.task_json), slot, 0, None, validation=s.validation,
             temperature=s.temperature, group_size=s.group_size, seed=s.seed))
     out = []
     for version in sorted(by_version):

@@ -29,7 +29,12 @@ def group_id(run_id: str, task_id: str, validation: str | None = None) -> str:
 
 
 def rollout_id(run_id: str, task_id: str, slot: int, attempt: int, validation: str | None = None) -> str:
-    return f"{group_id(run_id, task_id, validation)}.r{slot}.a{attempt}"
+    return in_group(group_id(run_id, task_id, validation), slot, attempt)
+
+
+def in_group(group: str, slot: int, attempt: int) -> str:
+    """The id of the rollout at `slot` and `attempt` of the group named `group`."""
+    return f"{group}.r{slot}.a{attempt}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +51,7 @@ def place(rid: str) -> Place | None:
 
 def with_place(rid: str, slot: int, attempt: int) -> str:
     """A rollout id of the same group, for another slot and attempt."""
-    return _TAIL.sub(f".r{slot}.a{attempt}", rid)
+    return _TAIL.sub(in_group("", slot, attempt), rid)
 
 
 def within_run(name: str, run_id: str) -> str:

@@ -302,13 +302,8 @@ class RunReads:
             "SELECT * FROM call_contents FINAL INNER JOIN (SELECT call_id, api, latency_ms, prompt_tokens "
             "FROM calls FINAL WHERE run_id = {run:String}) AS a USING (call_id) WHERE run_id = {run:String} AND "
             "rollout_id = {rid:String} ORDER BY seq, choice_index", run=run, rid=rollout_id)
-        requests: dict[str, str] = {}
         calls = []
-        for r in rows:
-            request = r["request_json"]
-            if r["extends"] is not None and r["extends"] in requests:  # recorded as its difference: made whole
-                request = join_request(requests[r["extends"]], r["request_head"], r["request_tail"], request)
-            requests[r["call_id"]] = request
+        for r, request in zip(rows, _whole_requests(rows), strict=True):
             messages, tools = conversation(r["api"], _loads(request))
             text, tool_calls = answer_of(r["api"], _loads(r["response_json"]))
             ids = list(r["response_token_ids"])
@@ -322,7 +317,6 @@ class RunReads:
                 latency_ms=r["latency_ms"], received_at=r["received_at"]))
         return Trajectory(row=_rollout(found[0]), calls=calls)
 
-
     def diverge(self, run_a: str, run_b: str) -> Comparison:
         """`tether diverge`'s comparison of two runs in the store (the training data hashes and the calls the same in
         tokens aside: the store keeps no task group's tokens and no prompt ids)."""
@@ -335,18 +329,27 @@ class RunReads:
                 "SELECT call_id, rollout_id, seq, choice_index, request_json, response_json, response_token_ids, "
                 "response_logprobs, extends, request_head, request_tail FROM call_contents FINAL "
                 "WHERE run_id = {run:String} ORDER BY rollout_id, seq, choice_index", run=run)
-            requests: dict[str, str] = {}
             calls: dict[str, list[DivergeCall]] = {}
-            for r in rows:
-                request = r["request_json"]
-                if r["extends"] is not None and r["extends"] in requests:
-                    request = join_request(requests[r["extends"]], r["request_head"], r["request_tail"], request)
-                requests[r["call_id"]] = request
+            for r, request in zip(rows, _whole_requests(rows), strict=True):
                 if r["choice_index"] == 0:
                     calls.setdefault(r["rollout_id"], []).append(call_of(
                         r["seq"], request, r["response_json"], r["response_token_ids"], r["response_logprobs"]))
             paired[run] = keyed(started, calls, run)
         return compare(run_a, paired[run_a], run_b, paired[run_b])
+
+
+def _whole_requests(rows: list[dict[str, Any]]) -> list[str]:
+    """Each call's request whole: one recorded as its difference from the call it extends (an earlier row) is
+    joined to it."""
+    requests: dict[str, str] = {}
+    out = []
+    for r in rows:
+        request = r["request_json"]
+        if r["extends"] is not None and r["extends"] in requests:
+            request = join_request(requests[r["extends"]], r["request_head"], r["request_tail"], request)
+        requests[r["call_id"]] = request
+        out.append(request)
+    return out
 
 
 @dataclass(frozen=True)

@@ -26,25 +26,15 @@ def diverge(
     """Pair two runs' rollouts by task and seed and compare them call by call: the share identical, for each pair
     that differs the first call that does and whether the harness or the engine diverged first, what differed
     (a diff, its spans classified: timestamps, random ids, temporary paths, durations, process ids, other)."""
-    from repro.diverge import compare, rollouts
+    from repro.read import compare_runs
     from repro.report import show as show_report
-    from schemas.calls import whole
-    from schemas.events import ModelCall
     from stream_processors.grouping import Policy
-    from stream_processors.pipeline import rebuild, training_hash
-    from stream_processors.replay import read_run_events
     from stream_processors.settings import ProcessorSettings
 
     settings = load_settings(ProcessorSettings)
     with failing_cleanly():
-        runs, hashes = {}, []
-        for run in (run_a, run_b):
-            events = asyncio.run(read_run_events(settings.bus, run))
-            calls = whole(e for e in events if isinstance(e, ModelCall))
-            runs[run] = rollouts([*(e for e in events if not isinstance(e, ModelCall)), *calls], run)
-            hashes.append(training_hash(rebuild(events, run, Policy(settings.failed, settings.fill_reward)), run))
-    comparison = compare(run_a, runs[run_a], run_b, runs[run_b])
-    comparison.training = (hashes[0], hashes[1])
+        comparison = asyncio.run(compare_runs(settings.bus, run_a, run_b,
+                                              Policy(settings.failed, settings.fill_reward)))
     if as_json:
         json.dump(comparison.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")
