@@ -137,7 +137,7 @@ def create_app(engine: Engine, model_name: str, max_logprobs: int = 20, own_engi
         choices = {i: Choice(i) for i in range(request.n)}
         async for chunk in chunks:
             responder.version = chunk.version
-            choices[chunk.index].add(chunk, decode_one)
+            choices[chunk.index].add(chunk, responder.name)
         return JSONResponse(responder.body(list(choices.values())),
                             headers={"x-tether-weight-version": str(responder.version)})
 

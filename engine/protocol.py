@@ -41,6 +41,9 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
+    #: with `logprobs`, each token named "token_id:N" instead of its text (vLLM's flag): a client reads the ids
+    #: from the logprobs, and the answer need not carry the prompt's ids back (`return_token_ids` does)
+    return_tokens_as_token_ids: bool = False
     ignore_eos: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -100,19 +103,26 @@ class Choice:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
 
-    def add(self, chunk: Chunk, decode: Any) -> None:
+    def add(self, chunk: Chunk, name: Any) -> None:
+        """`name`: how the top logprobs name a token (`Responder.name`)."""
         self.text += chunk.text
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs
-        self.tops += [{decode(i): lp for i, lp in top} for top in chunk.tops]
+        self.tops += [{name(i): lp for i, lp in top} for top in chunk.tops]
         self.offsets += chunk.text_offsets
         self.finish_reason, self.stop_reason = chunk.finish_reason, chunk.stop_reason
 
 
-def logprobs_block(decode: Any, ids: list[int], lps: list[float], tops: list[dict[str, float]],
+def logprobs_block(name: Any, ids: list[int], lps: list[float], tops: list[dict[str, float]],
                    offsets: list[int]) -> dict[str, Any]:
-    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
-    return {"tokens": [decode(i) for i in ids], "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset; `name`: a token's text,
+    or `token_id_name`."""
+    return {"tokens": [name(i) for i in ids], "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def token_id_name(token_id: int) -> str:
+    """A token as vLLM names it under `return_tokens_as_token_ids`."""
+    return f"token_id:{token_id}"
 
 
 class Responder:
@@ -122,7 +132,8 @@ class Responder:
         self.request = request
         self.model = model
         self.prompt_ids = prompt_ids
-        self.decode = decode
+        #: how the logprobs name a token: its text, or its id where the request asks for ids
+        self.name = token_id_name if request.return_tokens_as_token_ids else decode
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.version: int | None = None
@@ -131,7 +142,7 @@ class Responder:
     def _choice(self, c: Choice, prompt_ids: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
             "index": c.index, "text": c.text,
-            "logprobs": logprobs_block(self.decode, c.token_ids, c.logprobs, c.tops, c.offsets)
+            "logprobs": logprobs_block(self.name, c.token_ids, c.logprobs, c.tops, c.offsets)
             if self.request.logprobs is not None else None,
             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
         }
@@ -155,7 +166,7 @@ class Responder:
     def chunk(self, chunk: Chunk, first: bool) -> dict[str, Any]:
         self.completion_tokens += len(chunk.token_ids)
         c = Choice(chunk.index)
-        c.add(chunk, self.decode)
+        c.add(chunk, self.name)
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [self._choice(c, first)], "weight_version": chunk.version}
 

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from gateway.adapters import EngineKind, model_fields
+from gateway.adapters import EngineKind, model_fields, token_fields
 from gateway.chat import ChatRequest, Finished, Generation, Started, TokenUsage, message_key, seeded_tool_calls
 from gateway.choices import Choices, Delta
 from gateway.errors import GatewayError, HistoryUnavailable, InternalError, InvalidRequest, RolloutNotFound
@@ -244,7 +244,7 @@ class Gateway:
         attempt.recorded = extension(rollout.tips, prompt, call.request_json, packed_prompt)
         yield Started(len(prompt), attempt.call_id)
         engine_started = time.perf_counter()
-        state = Choices(call.chat.sampling.n, self.parser.start_marker)
+        state = Choices(call.chat.sampling.n, self.parser.start_marker, self.renderer.token_text)
         version = self.version
         async for chunk in self._generate(rollout, prompt, call.chat, stream):
             reported = chunk.get("weight_version")  # our engine says which weights; vLLM does not
@@ -314,7 +314,7 @@ class Gateway:
             **model_fields(self.engine_kind, self.model, self.adapter), "prompt": prompt,
             "max_tokens": s.max_tokens, "temperature": s.temperature,
             "top_p": s.top_p, "seed": s.seed, "stop": list(s.stop) or None, "n": s.n,
-            "logprobs": s.top_logprobs, "return_token_ids": True,
+            "logprobs": s.top_logprobs, **token_fields(self.engine_kind),
         }
         if stream:
             async for chunk in self.engines.stream(rollout.rollout_id, body):

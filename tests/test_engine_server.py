@@ -116,6 +116,23 @@ def test_seeded_sampling_is_reproducible(engine_server: RunningEngine) -> None:
     assert ids(11) != ids(12)
 
 
+def test_tokens_named_by_id_carry_the_ids_without_the_prompts(engine_server: RunningEngine) -> None:
+    """vLLM's `return_tokens_as_token_ids`: each sampled token, and each top alternative, named "token_id:N";
+    the answer holds no prompt ids (what the gateway asks for, so a long prompt does not travel back)."""
+    ask = {"prompt": [5, 6, 7], "max_tokens": 8, "seed": 3, "ignore_eos": True, "logprobs": 2}
+    with_ids = complete(engine_server, **ask, return_token_ids=True).json()["choices"][0]
+    named = complete(engine_server, **ask, return_tokens_as_token_ids=True).json()
+    choice = named["choices"][0]
+    assert "prompt_token_ids" not in choice and "token_ids" not in choice
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in with_ids["token_ids"]]
+    assert all(name.startswith("token_id:") and name[9:].isdigit()
+               for top in choice["logprobs"]["top_logprobs"] for name in top)
+    assert [len(top) for top in choice["logprobs"]["top_logprobs"]] == [
+        len(top) for top in with_ids["logprobs"]["top_logprobs"]]
+    assert choice["logprobs"]["token_logprobs"] == with_ids["logprobs"]["token_logprobs"]
+    assert choice["text"] == with_ids["text"]
+
+
 def test_n_choices_and_stop_strings(engine_server: RunningEngine, tokenizer: PreTrainedTokenizerBase) -> None:
     body = complete(engine_server, prompt="hello", n=3, max_tokens=8, seed=1, return_token_ids=True).json()
     assert sorted(c["index"] for c in body["choices"]) == [0, 1, 2]

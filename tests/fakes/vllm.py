@@ -102,6 +102,8 @@ def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]
                     stop_key: str = "stop_reason", answer: Callable[[dict[str, Any]], str] | None = None) -> Any:
     """vLLM's /v1/completions on `app`, answering each token-id prompt with `reply(prompt)` at once (its token
     ids, ending with the end-of-turn token, each with logprob -0.5); the tokenizer, for the caller's own use.
+    As vLLM does, the ids come back as `token_ids` (and the prompt's as `prompt_token_ids`) only when asked
+    `return_token_ids`, and the logprobs name each token "token_id:N" when asked `return_tokens_as_token_ids`.
     SGLang's answer to `return_token_ids` has the same choice fields but `matched_stop` for `stop_key`.
     `answer(body)`, where given, answers instead, from the whole request (the model or adapter it names); a
     LookupError it raises is answered 404 in the OpenAI envelope, as an unknown model is."""
@@ -123,23 +125,31 @@ def add_completions(app: FastAPI, tokenizer_dir: str, reply: Callable[[list[int]
             message = str(exc.args[0]) if exc.args else str(exc)
             return JSONResponse({"error": {"message": message, "type": "NotFoundError", "param": "model",
                                            "code": 404}}, status_code=404)
+        with_ids = bool(body.get("return_token_ids"))  # vLLM >= 0.10.2: the prompt's ids too
+        as_ids = bool(body.get("return_tokens_as_token_ids"))  # the logprobs' tokens named "token_id:N"
         for index in range(body.get("n") or 1):
             ids = turn[: body.get("max_tokens") or len(turn)]
-            choices.append({"index": index, "text": tokenizer.decode(ids, skip_special_tokens=True),
-                            "token_ids": ids, "logprobs": {"tokens": [], "token_logprobs": [-0.5] * len(ids),
-                                                           "top_logprobs": [{} for _ in ids], "text_offset": []},
-                            "finish_reason": "stop", stop_key: None})
+            tokens = [f"token_id:{t}" if as_ids else tokenizer.decode([t]) for t in ids]
+            choice = {"index": index, "text": tokenizer.decode(ids, skip_special_tokens=True),
+                      "logprobs": {"tokens": tokens, "token_logprobs": [-0.5] * len(ids),
+                                   "top_logprobs": [{} for _ in ids], "text_offset": []}
+                      if body.get("logprobs") is not None else None,
+                      "finish_reason": "stop", stop_key: None}
+            choices.append({**choice, "token_ids": ids} if with_ids else choice)
         head = {"id": f"cmpl-{time.monotonic_ns()}", "object": "text_completion", "created": int(time.time()),
                 "model": MODEL}
+        completion_tokens = len(turn[: body.get("max_tokens") or len(turn)]) * len(choices)
         if not body.get("stream"):
             for c in choices:
-                c["prompt_token_ids"] = prompt
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c["token_ids"]) for c in choices)}
+                if with_ids:
+                    c["prompt_token_ids"] = prompt
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens}
             return JSONResponse({**head, "choices": choices, "usage": usage})
 
         async def events() -> AsyncIterator[str]:
-            for c in choices:  # one chunk per choice: text and ids at once
-                yield f"data: {json.dumps({**head, 'choices': [{**c, 'prompt_token_ids': prompt}]})}\n\n"
+            for c in choices:  # one chunk per choice: text and ids at once, the prompt's with its first
+                chunk = {**c, "prompt_token_ids": prompt} if with_ids else c
+                yield f"data: {json.dumps({**head, 'choices': [chunk]})}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
