@@ -6,7 +6,7 @@ UV     := 0.13.9
 
 # The harness CLIs the examples run unmodified (Claude Code, Codex): pinned in examples/npm/package-lock.json and
 # installed into examples/npm/node_modules, never globally. Put examples/npm/node_modules/.bin on PATH to use them.
-.PHONY: setup system browser harnesses test lint run kafka-up kafka-down kafka-status bench lock clean
+.PHONY: setup system browser containers images harnesses test lint run kafka-up kafka-down kafka-status bench lock clean
 
 setup: system $(VENV)/.installed
 
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found: Tether needs Python 3.11 (make PYTHON=/path/to/python3.11)"; exit 1; }
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV)
-	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python --constraint requirements.lock -e '.[test]'
+	$(BIN)/uv pip install --compile-bytecode --python $(BIN)/python --constraint requirements.lock -e '.[all,test]'
 	@touch $@
 
 # `tether view` is tested in headless Chromium (Debian's chromium and chromium-driver): installed here when we may
@@ -38,6 +38,19 @@ browser:
 	    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "make: browser tests need Chromium: sudo apt-get install chromium chromium-driver (skipped until then)"; fi; }
 
+# The images are built with podman from a Debian base made by mmdebstrap (no Docker daemon, no registry of images):
+# installed here when we may (root with apt-get); elsewhere the image tests are skipped, saying so.
+containers:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make: installing podman, runc and mmdebstrap (Debian)"; \
+	    apt-get update -qq && apt-get install -y -qq podman runc mmdebstrap uidmap >/dev/null; \
+	  else echo "make: the images need podman and mmdebstrap: sudo apt-get install podman runc mmdebstrap uidmap"; fi; }
+
+# One image per role (infra/images/): the sizes and build times are printed, and kept in bench/results/images.json.
+images: setup containers
+	$(BIN)/python -m infra.images.build
+
 harnesses: examples/npm/node_modules/.installed
 
 examples/npm/node_modules/.installed: examples/npm/package.json examples/npm/package-lock.json
@@ -49,7 +62,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint harnesses browser
+test: lint harnesses browser containers
 	$(BIN)/pytest
 
 run: setup
@@ -86,7 +99,7 @@ bench: setup harnesses
 	$(BIN)/python bench/swe_grading.py
 
 lock: setup
-	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml --extra all --extra test --python-version 3.11 -o requirements.lock
 
 clean:
 	-$(BIN)/tether kafka down

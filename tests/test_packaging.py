@@ -81,3 +81,35 @@ def _site_packages(python: Path) -> Path:
     out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True, timeout=60)
     return Path(out.stdout.strip())
+
+
+#: modules imported directly but installed by a declared dependency of which they are a part
+COMES_WITH = {"pydantic_core": "pydantic", "starlette": "fastapi", "urllib3": "kubernetes",
+              "vllm": None}  # vllm: imported only where it runs (its weight-transfer helpers), never installed by us
+
+
+def test_every_module_the_code_imports_is_a_declared_dependency() -> None:
+    """An image installs the wheel with its role's extras and nothing else: a module that only arrived with
+    another package (aiohttp once came with faust and ray) is missing there and nowhere else."""
+    import ast
+    import re
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=\[ ;!~]", r)[0].lower().replace("_", "-")
+                for r in [*project["dependencies"], *(r for e in project["optional-dependencies"].values() for r in e)]}
+    distributions = packages_distributions()
+    undeclared: dict[str, str] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top in PACKAGES or top == "__future__" or top in COMES_WITH:
+                        continue
+                    dists = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+                    if not dists & declared:
+                        undeclared.setdefault(top, str(path.relative_to(ROOT)))
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"

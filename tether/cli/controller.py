@@ -45,7 +45,7 @@ def controller_run(
 
         return run(cfg, settings, tick)
 
-    state = run_with_bar(f"run {cfg.run_id}", None, "", ControllerError, main)
+    state = run_with_bar(f"run {cfg.run_id}", None, "", ControllerError, main, beat="controller")
     done = sum(1 for t in state.slots if state.group_done(t))
     typer.echo(f"run {cfg.run_id}: {done} task groups done; logs in {cfg.run_dir}", err=True)
     for version, found in sorted(state.rounds.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Annotated
 
@@ -21,6 +22,7 @@ def processors_run(
     """Join, group and sink until interrupted (settings: TETHER_PROCESSOR_*, Kafka: TETHER_BUS_*)."""
     from faust.worker import Worker
 
+    from infra.health import BEAT_EVERY_S, beat, beat_file
     from schemas.admin import ensure_topics
     from stream_processors.app import create_app, internal_topics
     from stream_processors.settings import ProcessorSettings
@@ -29,7 +31,14 @@ def processors_run(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with failing_cleanly():
         asyncio.run(ensure_topics(settings.bus, internal_topics(settings)))
-    worker = Worker(create_app(settings), loglevel="info", quiet=True)
+    app = create_app(settings)
+
+    async def health() -> None:  # what the processors' image's health check reads (infra.health)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(beat, beat_file("processors"))
+
+    app.timer(BEAT_EVERY_S)(health)
+    worker = Worker(app, loglevel="info", quiet=True)
     # Faust's progress spinner puts the root logger at DEBUG so that it spins on every record: every library's
     # debug message was built and dropped (aiokafka writes several per request). The processors' own info shows.
     worker.spinner = None

@@ -68,13 +68,17 @@ def config_or_exit(load: Callable[[Path], C], path: Path, error: type[Exception]
 
 
 def run_with_bar(title: str, total: int | None, detail: str, error: type[Exception],
-                  main: Callable[[Callable[..., None]], Coroutine[Any, Any, T]]) -> T:
+                  main: Callable[[Callable[..., None]], Coroutine[Any, Any, T]], beat: str | None = None) -> T:
     """Run a service to its end under a progress bar; `main` gets the bar's update. Its own errors (`error`) and
-    the bus's become one line on stderr and exit code 1."""
+    the bus's become one line on stderr and exit code 1. `beat`: the role whose health file its loop keeps fresh
+    meanwhile (`infra.health`, what its image's health check reads)."""
+    from infra.health import beating_while
+
     progress = progress_bar()
     bar = progress.add_task(title, total=total, detail=detail)
     with failing_cleanly(), progress:
         try:
-            return asyncio.run(main(functools.partial(progress.update, bar)))
+            work = main(functools.partial(progress.update, bar))
+            return asyncio.run(beating_while(beat, work) if beat is not None else work)
         except error as exc:
             fail(str(exc))

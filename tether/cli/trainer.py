@@ -37,7 +37,8 @@ def trainer_run(
 
         return Trainer(cfg, bus, on_update=tick).run()
 
-    state = run_with_bar(f"updates of {cfg.run_id}", cfg.max_updates, "waiting for task groups", TrainerError, main)
+    state = run_with_bar(f"updates of {cfg.run_id}", cfg.max_updates, "waiting for task groups", TrainerError, main,
+                         beat="trainer")
     if state.history:
         out = plot_history(state.history, cfg.run_dir / "updates.png", f"run {cfg.run_id}")
         typer.echo(f"{len(state.history)} updates, now version {state.version}; plot: {out}", err=True)
