@@ -1,11 +1,13 @@
 """A container's health check, with the standard library only: a check runs every few seconds and must start fast.
 
 A service with an HTTP port answers its `/health` (the gateway, the engine);
-one without (the processors, the controller, the trainer) beats: its event
+the broker takes a connection on its port; one without a port (the
+processors, the controller, the trainer) beats: its event
 loop rewrites a small file every few seconds (`beating`), and the check
 fails once the file is older than a bound (the loop is stuck or gone).
 
     python -m infra.health --url http://127.0.0.1:8000/health
+    python -m infra.health --tcp 127.0.0.1:9092
     python -m infra.health --beat .tether/health/processors [--max-age-s 30]
 
 The images run it (infra/images/Containerfile); the beat files live under the
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -85,14 +88,26 @@ def check_url(url: str, timeout_s: float = 4.0) -> str | None:
         return f"{url} did not answer: {exc}"
 
 
+def check_tcp(address: str, timeout_s: float = 4.0) -> str | None:
+    """None when `address` (host:port) takes a connection; else why not."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as exc:
+        return f"{address} took no connection: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--url", help="healthy when it answers 200")
+    which.add_argument("--tcp", help="healthy when this host:port takes a connection")
     which.add_argument("--beat", type=Path, help="healthy when this file was beaten recently")
     parser.add_argument("--max-age-s", type=float, default=MAX_AGE_S)
     args = parser.parse_args(argv)
-    problem = check_url(args.url) if args.url else check_beat(args.beat, args.max_age_s)
+    problem = (check_url(args.url) if args.url else check_tcp(args.tcp) if args.tcp else
+               check_beat(args.beat, args.max_age_s))
     if problem is not None:
         print(f"unhealthy: {problem}", file=sys.stderr)
         return 1

@@ -23,9 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.health import beat, beat_file, check_beat, check_url, main
+from infra.health import beat, beat_file, check_beat, check_tcp, check_url, main
 from infra.images.build import CONTAINERFILE, ImageError, build, limits
 from infra.images.roles import BY_NAME, ROLES, Role
+from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port
 from tests.conftest import ADMIN_KEY, SECRET, RunningEngine
 
@@ -74,14 +75,16 @@ def test_each_role_imports_with_none_of_the_other_roles_packages(role: Role) -> 
 def test_the_containerfile_has_a_target_per_role_installing_its_extras_and_running_its_command() -> None:
     text = CONTAINERFILE.read_text()
     for role in ROLES:
-        install = text.split(f"FROM install AS install-{role.name}\n", 1)[1].split("\nFROM ", 1)[0]
+        stage = "gateway" if role.name == "kafka" else role.name  # the broker's image: the core, and Java
+        install = text.split(f"FROM install AS install-{stage}\n", 1)[1].split("\nFROM ", 1)[0]
         assert f'RUN /build/install.sh "{",".join(role.extras)}"' in install, role.name
         target = text.split(f"FROM python AS {role.name}\n", 1)[1].split("\nFROM ", 1)[0]
-        assert f"COPY --from=install-{role.name} /opt/tether /opt/tether" in target
+        assert f"COPY --from=install-{stage} /opt/tether /opt/tether" in target
         assert "USER 10001:10001" in target and "HEALTHCHECK" in target and "infra.health" in target
         assert f"CMD {json.dumps(list(role.command))}" in target.replace('", "', '", "')
         if role.port is not None:
             assert f"EXPOSE {role.port}" in target
+    assert f"ARG KAFKA_VERSION={BrokerSettings().version}\n" in text  # the default, for builds elsewhere
 
 
 # -- the health check -------------------------------------------------------------------------------------------
@@ -120,6 +123,16 @@ def test_a_url_is_healthy_when_it_answers_200() -> None:
     finally:
         server.shutdown()
     assert "did not answer" in (check_url(f"http://127.0.0.1:{free_port()}/health", timeout_s=2) or "")
+
+
+def test_a_port_is_healthy_when_it_takes_a_connection() -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Status)
+    try:
+        assert main(["--tcp", f"127.0.0.1:{server.server_port}"]) == 0
+    finally:
+        server.server_close()
+    assert "took no connection" in (check_tcp(f"127.0.0.1:{free_port()}", timeout_s=2) or "")
+    assert "took no connection" in (check_tcp("no-port-here", timeout_s=2) or "")
 
 
 # -- the gateway's image, built and run ------------------------------------------------------------------------

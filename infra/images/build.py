@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra.images.roles import BY_NAME, ROLES, Role
+from infra.kafka.launcher import KafkaBroker
+from infra.kafka.settings import BrokerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = Path(__file__).with_name("Containerfile")
@@ -117,13 +119,15 @@ def build_wheel(out: Path) -> Path:
     return wheel
 
 
-def context(into: Path) -> Path:
+def context(into: Path, kafka: bool) -> Path:
     """The build context: the Containerfile, its install script, the lock and the wheel, nothing else of the
-    checkout."""
+    checkout; with `kafka`, the broker's jars as the launcher fetches them (Maven, once)."""
     shutil.copy(CONTAINERFILE, into / "Containerfile")
     shutil.copy(CONTAINERFILE.with_name("install.sh"), into / "install.sh")
     shutil.copy(ROOT / "requirements.lock", into / "requirements.lock")
     build_wheel(into / "dist")
+    if kafka:
+        shutil.copytree(KafkaBroker(BrokerSettings()).fetch(), into / "kafka-libs")
     return into
 
 
@@ -137,7 +141,8 @@ def build_role(tool: str, role: Role, ctx: Path, base: str, tag: str, quiet: boo
         volume += ["--volume", f"{bundle.resolve()}:/run/host-ca.crt:ro", "--build-arg", "CA_BUNDLE=/run/host-ca.crt"]
     started = time.perf_counter()
     run([tool, "build", "--format", "docker", "--network", "host", *limits(), *volume,
-         "--build-arg", f"BASE={base}", "--target", role.name, "--tag", f"{role.image}:{tag}",
+         "--build-arg", f"BASE={base}", "--build-arg", f"KAFKA_VERSION={BrokerSettings().version}",
+         "--target", role.name, "--tag", f"{role.image}:{tag}",
          "--file", str(ctx / "Containerfile"), str(ctx)], f"building {role.image}", quiet=quiet)
     return time.perf_counter() - started
 
@@ -155,7 +160,7 @@ def build(roles: Sequence[Role], base: str | None = None, tag: str | None = None
         base = BASE
         figures["base"] = {"build_s": make_base(tool), "size_mb": size_mb(tool, BASE)}
     with tempfile.TemporaryDirectory(prefix="tether-images-") as scratch:
-        ctx = context(Path(scratch))
+        ctx = context(Path(scratch), kafka=any(r.name == "kafka" for r in roles))
         for role in roles:
             seconds = build_role(tool, role, ctx, base, tag, quiet)
             figures[role.image] = {"build_s": seconds, "size_mb": size_mb(tool, f"{role.image}:{tag}")}

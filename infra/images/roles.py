@@ -32,5 +32,7 @@ ROLES: tuple[Role, ...] = (
          ("tether", "controller", "run", "/etc/tether/run/run.yaml")),
     Role("trainer", ("trainer",), ("trainer", "engine"),
          ("tether", "trainer", "run", "/etc/tether/trainer/trainer.yaml"), 8100),
+    # the broker, for a stack run from the images on one machine (its install stage is the gateway's: the core)
+    Role("kafka", (), ("infra",), ("tether", "kafka", "serve"), 9092),
 )
 BY_NAME = {r.name: r for r in ROLES}

@@ -45,6 +45,44 @@ def kafka_up(
         typer.echo("services connect with `eval \"$(tether kafka env SERVICE)\"`", err=True)
 
 
+@kafka_app.command("serve")
+def kafka_serve(
+    brokers: Annotated[int | None, typer.Option(help="KRaft nodes (TETHER_KAFKA_BROKERS).")] = None,
+    security: Annotated[str | None, typer.Option(help="plaintext or sasl_ssl (TETHER_KAFKA_SECURITY).")] = None,
+) -> None:
+    """`up` in the foreground, as a container's command: the nodes' logs on stdout until SIGTERM or SIGINT, which
+    stop them cleanly (exit 0); a node that dies ends it (exit 1)."""
+    import signal
+    import threading
+
+    broker = _broker(brokers, security)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    with failing_cleanly():
+        pid = broker.start()
+    typer.echo(f"Kafka {broker.settings.version}: ready on {broker.bootstrap} (pid {pid})", err=True)
+    logs = {node.id: node.log_file.open("rb") for node in broker.nodes}
+    for log in logs.values():
+        log.seek(0, 2)  # from now on: the start is behind us
+    try:
+        while not stopping.is_set() and all(node.pid() is not None for node in broker.nodes):
+            for log in logs.values():
+                for line in log.readlines():
+                    typer.echo(line.decode(errors="replace").rstrip("\n"))
+            stopping.wait(1.0)
+    finally:
+        for log in logs.values():
+            log.close()
+    if not stopping.is_set():
+        dead = [node.id for node in broker.nodes if node.pid() is None]
+        broker.stop()
+        fail(f"Kafka node(s) {dead} stopped; their logs: {', '.join(str(n.log_file) for n in broker.nodes)}")
+    with failing_cleanly():
+        broker.stop()
+    typer.echo("Kafka stopped.", err=True)
+
+
 @kafka_app.command("down")
 def kafka_down(
     force: Annotated[bool, typer.Option(help="SIGKILL instead of a clean shutdown.")] = False,
