@@ -25,7 +25,7 @@ import pytest
 
 from infra.health import beat, beat_file, check_beat, check_tcp, check_url, main
 from infra.images.build import CONTAINERFILE, ImageError, build, limits
-from infra.images.roles import BY_NAME, ROLES, Role
+from infra.images.roles import BY_NAME, ROLES, STATE_DIR, USER_ID, Role
 from infra.kafka.settings import BrokerSettings
 from infra.processes import free_port
 from tests.conftest import ADMIN_KEY, SECRET, RunningEngine
@@ -80,11 +80,12 @@ def test_the_containerfile_has_a_target_per_role_installing_its_extras_and_runni
         assert f'RUN /build/install.sh "{",".join(role.extras)}"' in install, role.name
         target = text.split(f"FROM python AS {role.name}\n", 1)[1].split("\nFROM ", 1)[0]
         assert f"COPY --from=install-{stage} /opt/tether /opt/tether" in target
-        assert "USER 10001:10001" in target and "HEALTHCHECK" in target and "infra.health" in target
+        assert f"USER {USER_ID}:{USER_ID}" in target and "HEALTHCHECK" in target and "infra.health" in target
         assert f"CMD {json.dumps(list(role.command))}" in target.replace('", "', '", "')
         if role.port is not None:
             assert f"EXPOSE {role.port}" in target
     assert f"ARG KAFKA_VERSION={BrokerSettings().version}\n" in text  # the default, for builds elsewhere
+    assert f"--uid {USER_ID} --gid {USER_ID} --home-dir {STATE_DIR}" in text and f"WORKDIR {STATE_DIR}\n" in text
 
 
 # -- the health check -------------------------------------------------------------------------------------------
@@ -222,7 +223,7 @@ def test_the_gateway_image_answers_an_openai_call_recorded_on_the_hosts_broker(
                             timeout=60)
     assert health.returncode == 0, health.stdout + health.stderr
     user = subprocess.run(["podman", "exec", container_name, "id", "-u"], capture_output=True, text=True, timeout=30)
-    assert user.stdout.strip() == "10001"
+    assert user.stdout.strip() == str(USER_ID)
 
     # SIGTERM (through tini): uvicorn stops taking calls, the app's shutdown leaves the run, and the process
     # ends by the signal it was sent (143), well before podman would kill it (137)

@@ -64,4 +64,25 @@ def test_the_kustomizations_list_every_resource_file() -> None:
     per_run_or_optional = {"run/input.yaml", "run/controller.yaml", "strimzi/kafka.yaml"}
     assert listed | per_run_or_optional == set(committed())
     images = {c["image"] for kind, name in WORKLOADS for c in pod_spec(find(kind, name))["containers"]}
-    assert images == {f"{base['images'][0]['name']}:{base['images'][0]['newTag']}"}
+    assert images == {f"{i['name']}:{i['newTag']}" for i in base["images"]}
+
+
+def test_each_container_runs_its_roles_image_and_command_from_the_images_table() -> None:
+    """The manifests and the images (infra/images) read one table: a port, a path or a command changed there
+    changes both."""
+    from infra.images.roles import BY_NAME, STATE_DIR, USER_ID
+    from infra.k8s.options import DEFAULT as options
+
+    run = yaml.safe_load_all((K8S / "run" / "controller.yaml").read_text())
+    pods = [pod_spec(find(kind, name)) for kind, name in WORKLOADS] + [
+        d["spec"]["template"]["spec"] for d in run if d and d.get("kind") == "Job"]
+    seen = set()
+    for pod in pods:
+        for c in pod["containers"]:
+            role = "trainer" if c["name"] == "engine" else c["name"]
+            assert c["image"] == options.image(role)
+            assert c["command"] == (["tether", "engine", "serve"] if c["name"] == "engine" else
+                                    list(BY_NAME[role].command))
+            assert pod["securityContext"]["runAsUser"] == USER_ID and c["workingDir"] == STATE_DIR
+            seen.add(role)
+    assert seen == {"gateway", "processors", "controller", "trainer"}

@@ -11,6 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What the images and the manifests (infra/k8s) share: the user, the working directory, the ports, the files
+USER_ID = 10001  # the images' user (the Containerfile's USER), the pods' runAsUser
+STATE_DIR = "/var/lib/tether"  # its home and working directory: relative `.tether/` paths land here
+GATEWAY_PORT = 8000
+ENGINE_PORT = 8100
+KAFKA_PORT = 9092
+RUN_DIR = "/etc/tether/run"  # the controller's run file, mounted
+TRAINER_DIR = "/etc/tether/trainer"  # the trainer's YAML, mounted
+
 
 @dataclass(frozen=True)
 class Role:
@@ -22,17 +31,18 @@ class Role:
 
     @property
     def image(self) -> str:
+        """Its image's name, without registry or tag."""
         return f"tether-{self.name}"
 
 
 ROLES: tuple[Role, ...] = (
-    Role("gateway", (), ("gateway",), ("tether", "gateway", "serve"), 8000),
+    Role("gateway", (), ("gateway",), ("tether", "gateway", "serve"), GATEWAY_PORT),
     Role("processors", ("processors",), ("stream_processors",), ("tether", "processors", "run")),
     Role("controller", ("controller",), ("controller", "swe"),
-         ("tether", "controller", "run", "/etc/tether/run/run.yaml")),
+         ("tether", "controller", "run", f"{RUN_DIR}/run.yaml")),
     Role("trainer", ("trainer",), ("trainer", "engine"),
-         ("tether", "trainer", "run", "/etc/tether/trainer/trainer.yaml"), 8100),
+         ("tether", "trainer", "run", f"{TRAINER_DIR}/trainer.yaml"), ENGINE_PORT),
     # the broker, for a stack run from the images on one machine (its install stage is the gateway's: the core)
-    Role("kafka", (), ("infra",), ("tether", "kafka", "serve"), 9092),
+    Role("kafka", (), ("infra",), ("tether", "kafka", "serve"), KAFKA_PORT),
 )
 BY_NAME = {r.name: r for r in ROLES}

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# what the pods share with the images, read from their table
+from infra.images.roles import BY_NAME, GATEWAY_PORT
+from infra.images.roles import ENGINE_PORT as ENGINE_PORT
+from infra.images.roles import RUN_DIR as RUN_DIR
+from infra.images.roles import STATE_DIR as STATE_DIR
+from infra.images.roles import TRAINER_DIR as TRAINER_DIR
+from infra.images.roles import USER_ID as USER_ID
+
 HERE = Path(__file__).resolve().parent
 JOB_TEMPLATE = HERE / "job-template.yaml"
 STRIMZI = HERE / "strimzi"
@@ -28,16 +36,11 @@ CONTROLLER = "tether-controller"
 RUN = "tether-run"
 MODELS = "tether-models"
 CLICKHOUSE = "tether-clickhouse"  # optional Secret you create: `dsn`
-PORT = 8000  # the gateway's (and HAProxy's) HTTP port
-ENGINE_PORT = 8100
+PORT = GATEWAY_PORT  # the gateway's (and HAProxy's) HTTP port
 LB_HEALTH_PORT = 8404
 CA_DIR = "/etc/tether/kafka-ca"
 MODELS_DIR = "/models"
-STATE_DIR = "/var/lib/tether"
-RUN_DIR = "/etc/tether/run"
-TRAINER_DIR = "/etc/tether/trainer"
 CHECKPOINTS = f"{STATE_DIR}/checkpoints"
-USER_ID = 10001
 HAPROXY_USER_ID = 99  # the official haproxy image's `haproxy` user
 
 
@@ -47,7 +50,8 @@ class Options:
 
     namespace: str = "tether"
     run_id: str = "my-run"
-    image: str = "ghcr.io/example/tether:0.1.0"
+    registry: str = "ghcr.io/example"  # where the images are (infra/images: tether-gateway, tether-processors...)
+    tag: str = "0.1.0"
     haproxy_image: str = "docker.io/library/haproxy:3.2"
     kafka_cluster: str = "tether"
     kafka_brokers: int = 3
@@ -57,6 +61,10 @@ class Options:
     processor_replicas: int = 2
     model_dir: str = f"{MODELS_DIR}/model"
     cluster_domain: str = "cluster.local"
+
+    def image(self, role: str) -> str:
+        """The image of `role` (infra/images/roles.py), in the registry, at the tag."""
+        return f"{self.registry}/{BY_NAME[role].image}:{self.tag}"
 
     @property
     def replication_factor(self) -> int:

@@ -5,8 +5,10 @@ same security, same labels for selectors to match)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from infra.images.roles import BY_NAME
 from infra.k8s.options import CONFIG, MODELS, STATE_DIR, USER_ID, Options
 from infra.kafka import acls
 
@@ -60,12 +62,14 @@ def models_volume() -> dict[str, Any]:
     return {"name": "models", "persistentVolumeClaim": {"claimName": MODELS, "readOnly": True}}
 
 
-def tether_container(name: str, o: Options, command: list[str], env: list[dict[str, Any]],
-                     mounts: list[dict[str, Any]], resources: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """A Tether container: settings from tether-config, and a writable folder (the pod's `state` emptyDir) as
-    its working directory and HOME (relative `.tether/` paths, library caches), the image's own being read-only
-    to its user."""
-    return {"name": name, "image": o.image, "command": command, "workingDir": STATE_DIR,
+def tether_container(name: str, o: Options, role: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
+                     resources: dict[str, Any], command: Sequence[str] | None = None, **extra: Any
+                     ) -> dict[str, Any]:
+    """A Tether container: its role's image running its role's command (infra/images/roles.py) unless told
+    another, settings from tether-config, and a writable folder (the pod's `state` emptyDir) as its working
+    directory and HOME (relative `.tether/` paths, library caches), the image's own being read-only to its user."""
+    return {"name": name, "image": o.image(role), "command": list(command or BY_NAME[role].command),
+            "workingDir": STATE_DIR,
             "envFrom": [{"configMapRef": {"name": CONFIG}}], "env": [{"name": "HOME", "value": STATE_DIR}, *env],
             **extra, "volumeMounts": [mount("state", STATE_DIR, read_only=False), *mounts],
             "resources": resources, "securityContext": container_security()}

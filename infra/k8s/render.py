@@ -55,12 +55,16 @@ BASE = ("namespace.yaml", "config.yaml", "gateway.yaml", "gateway-lb.yaml", "pro
         "controller.yaml", "network-policy.yaml")
 
 
+#: the images the services' manifests run (the broker's image is for a stack on one machine: Strimzi runs Kafka)
+TETHER_ROLES = ("gateway", "processors", "controller", "trainer")
+
+
 def _kustomization(resources: Sequence[str], note: str, o: Options, images: bool) -> str:
     doc: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                            "resources": list(resources)}
-    if images:
-        name, _, tag = o.image.rpartition(":")
-        doc["images"] = [{"name": name, "newName": name, "newTag": tag}]  # point these at your image
+    if images:  # point these at your registry and tag
+        doc["images"] = [{"name": name, "newName": name, "newTag": tag} for name, _, tag in
+                         (o.image(role).rpartition(":") for role in TETHER_ROLES)]
     return header(note) + dump(doc)
 
 

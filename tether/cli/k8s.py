@@ -25,7 +25,10 @@ def k8s_render(
     namespace: Annotated[str, typer.Option(help="Everything goes in this namespace.")] = "tether",
     run_id: Annotated[str, typer.Option(help="The run the gateways, processors, trainer and controller serve.")]
     = "my-run",
-    image: Annotated[str, typer.Option(help="Tether's image.")] = "ghcr.io/example/tether:0.1.0",
+    registry: Annotated[str, typer.Option(help="Where Tether's images are (tether-gateway, tether-processors, "
+                                               "tether-controller, tether-trainer: `make images`).")]
+    = "ghcr.io/example",
+    tag: Annotated[str, typer.Option(help="Their tag.")] = "0.1.0",
     kafka_cluster: Annotated[str, typer.Option(help="The Strimzi Kafka resource's name.")] = "tether",
     gateway_replicas: Annotated[int, typer.Option(min=1)] = 2,
     gateway_slots: Annotated[int, typer.Option(min=1, help="HAProxy servers: the most gateway replicas it "
@@ -37,7 +40,7 @@ def k8s_render(
     from infra.k8s.render import Options, stale, write
 
     try:
-        options = Options(namespace=namespace, run_id=run_id, image=image, kafka_cluster=kafka_cluster,
+        options = Options(namespace=namespace, run_id=run_id, registry=registry, tag=tag, kafka_cluster=kafka_cluster,
                           gateway_replicas=gateway_replicas, gateway_slots=gateway_slots,
                           processor_replicas=processor_replicas)
         if check:

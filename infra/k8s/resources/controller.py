@@ -63,7 +63,7 @@ def controller_run(o: Options) -> list[Doc]:
            secret_env("TETHER_CONTROLLER_GATEWAY_ADMIN_KEY", GATEWAY_KEYS, "admin-key"),
            *bus_env("controller")]
     container = tether_container(
-        "controller", o, ["tether", "controller", "run", f"{RUN_DIR}/run.yaml"], env,
+        "controller", o, "controller", env,
         [mount("kafka-ca", CA_DIR), mount("run", RUN_DIR)],
         {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}})
     return [

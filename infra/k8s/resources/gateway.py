@@ -51,7 +51,7 @@ def gateway(o: Options) -> list[Doc]:
         *bus_env("gateway"),
     ]
     container = tether_container(
-        "gateway", o, ["tether", "gateway", "serve"], env,
+        "gateway", o, "gateway", env,
         [mount("kafka-ca", CA_DIR), mount("models", MODELS_DIR)],
         {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
         ports=[{"name": "http", "containerPort": PORT}],

@@ -43,7 +43,7 @@ def processors(o: Options) -> list[Doc]:
     env = [*bus_env("processors"),
            secret_env("TETHER_PROCESSOR_CLICKHOUSE_DSN", CLICKHOUSE, "dsn", optional=True)]
     container = tether_container(
-        "processors", o, ["tether", "processors", "run"], env, [mount("kafka-ca", CA_DIR)],
+        "processors", o, "processors", env, [mount("kafka-ca", CA_DIR)],
         {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}})
     return [(
         f"Stream processors: Faust workers of one consumer group (TETHER_PROCESSOR_APP_ID) sharing the partitions. "
@@ -73,16 +73,17 @@ def trainer_config(o: Options) -> dict[str, Any]:
 
 def trainer(o: Options) -> list[Doc]:
     engine = tether_container(
-        "engine", o, ["tether", "engine", "serve"], [],
+        "engine", o, "trainer", [],
         [mount("models", MODELS_DIR), mount("checkpoints", CHECKPOINTS)],
         {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "32Gi", "nvidia.com/gpu": 1}},
+        command=["tether", "engine", "serve"],  # the trainer's image serves the embedded engine too
         ports=[{"name": "http", "containerPort": ENGINE_PORT}],
         startupProbe=http_probe("/health", "http", 5, 120),  # loading the model
         readinessProbe=http_probe("/health", "http", 5, 2),
         livenessProbe=http_probe("/health", "http", 10, 6, timeout=5),
     )
     learner = tether_container(
-        "trainer", o, ["tether", "trainer", "run", f"{TRAINER_DIR}/trainer.yaml"], bus_env("trainer"),
+        "trainer", o, "trainer", bus_env("trainer"),
         [mount("kafka-ca", CA_DIR), mount("models", MODELS_DIR), mount("config", TRAINER_DIR),
          mount("checkpoints", CHECKPOINTS, read_only=False)],
         {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "64Gi", "nvidia.com/gpu": 1}})
