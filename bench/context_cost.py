@@ -14,8 +14,9 @@ every call as before this change) and the default. The gateway's own time of
 a call is taken from its record: received to recorded, less the engine's
 time (the hop to FakeVLLM, which grows with the prompt it is sent, is the
 engine's). The prompts both gateways recorded are compared call by call.
-Prints, per context, the own time p50 of both paths, their ratio, and each
-path's p50 against its own at the smallest context (the target: within 1.5x);
+Prints, per context, the own time p50 of both paths, their ratio, each
+path's p50 against its own at the smallest context (the target: within 1.5x),
+and the engine hop (the prompt sent, the answer read back);
 writes bench/results/context_cost.png.
 """
 
@@ -167,7 +168,8 @@ def report(recorded: dict[str, dict[int, list[ModelCall]]], rss: dict[str, dict[
     table = Table(title="The gateway's own time per call (received to recorded, engine excluded), after the "
                         "opening call of each rollout")
     for column in ("context", "prompt tokens p50", *(f"{p} p50 ms" for p in PATHS), "whole / resumed",
-                   *(f"{p} vs smallest" for p in PATHS), "prompts equal", *(f"{p} RSS MB" for p in PATHS)):
+                   *(f"{p} vs smallest" for p in PATHS), "engine hop p50 ms", "prompts equal",
+                   *(f"{p} RSS MB" for p in PATHS)):
         table.add_column(column, justify="right")
     figures: dict[str, dict[int, float]] = {p: {} for p in PATHS}
     for context in contexts:
@@ -180,6 +182,7 @@ def report(recorded: dict[str, dict[int, list[ModelCall]]], rss: dict[str, dict[
         table.add_row(f"{context:,}", f"{tokens:,.0f}", *(f"{figures[p][context]:.2f}" for p in PATHS),
                       f"{figures['whole'][context] / figures['resumed'][context]:.1f}x",
                       *(f"{figures[p][context] / figures[p][contexts[0]]:.2f}x" for p in PATHS),
+                      f"{statistics.median(c.timings.engine_ms for c in timed['resumed']):.1f}",
                       f"{equal}/{len(pairs)}", *(f"{rss[p][context]:.0f}" for p in PATHS))
     console.print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
