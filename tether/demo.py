@@ -32,12 +32,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.console import Console
 from rich.table import Table
 
-from schemas.events import Event, ModelCall, TaskGroup
+from schemas.events import Event, ModelCall, TaskGroup, ValidationReported
 from tether.modules import load_file
 from tether.progress import Shown, status
 
 if TYPE_CHECKING:
-    from tether.stack import StackSettings
+    from tether.stack import Stack, StackSettings
 
 ROOT = Path(__file__).parent.parent
 AGENT = ROOT / "examples" / "openai_agent.py"
@@ -102,6 +102,9 @@ class DemoSettings(BaseSettings):
         [1, 2, 3], min_length=1, description="Lookup: the training tasks' depths, drawn uniformly from this list "
                                               "(JSON); held-out tasks are always uniform over 1-3.")
     seed: int = 0
+    images: bool = Field(False, description="Every service, and the broker, in a container of its own from the "
+                         "images (`make images`, tether.image_stack), meeting over the network.")
+    images_tag: str = Field("0.1.0", description="With images: their tag.")
 
     @model_validator(mode="before")
     @classmethod
@@ -218,15 +221,17 @@ class Outcome:
     stored: list[TaskGroup]
     rebuilt: list[TaskGroup]
     events: list[Event]
+    control: list[Event]  # tether.control: the held-out rounds' reports among them
 
 
 def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) -> Outcome:
     """`tether up`, the controller running the agents while the trainer updates, the topics read back,
     `tether down`."""
+    from schemas import topics
     from schemas.samples import unique_groups
     from stream_processors.grouping import Policy
-    from stream_processors.replay import replay
-    from tether.stack import Stack, StackSettings
+    from stream_processors.replay import read_run_events, replay
+    from tether.stack import StackSettings
 
     demo_task = _task_module(settings)
     make = demo_task.make
@@ -247,12 +252,16 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
         **({"lora": {"rank": settings.lora_rank, "alpha": 2 * settings.lora_rank,
                      **({"target_modules": settings.lora_targets} if settings.lora_targets else {})}}
            if settings.lora_rank else {})})
-    stack = Stack(stack_settings)
+    stack = _stack(settings, stack_settings)
     try:
-        with status(console, "tether up: Kafka, engine, gateway, processors, trainer..."):
+        what = "tether up: Kafka, engine, gateway, processors, trainer" + (
+            f" from the images (tag {settings.images_tag}), each in its own container" if settings.images else "")
+        up_started = time.perf_counter()
+        with status(console, f"{what}..."):
             stack.up()
+        console.print(f"{what}: up in {time.perf_counter() - up_started:.0f} s")
         bus = stack.broker.client_settings()  # reading the run back as the cluster's admin
-        agents = _start_controller(settings, stack_settings, stack.broker.client_env("controller"), run_dir)
+        agents = _start_controller(settings, stack, run_dir)
         try:
             history = _train(stack, settings, console, agents)
             if len(history) >= settings.updates and settings.validation_tasks:
@@ -266,10 +275,11 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
                 agents.kill()
         stored = asyncio.run(unique_groups(bus, settings.run_id))
         events, rebuilt = asyncio.run(replay(bus, settings.run_id, Policy()))
+        control = asyncio.run(read_run_events(bus, settings.run_id, read=(topics.CONTROL,)))
     finally:
         with status(console, "tether down..."):
             stack.down()
-    return Outcome(history=history, stored=stored, rebuilt=rebuilt, events=events)
+    return Outcome(history=history, stored=stored, rebuilt=rebuilt, events=events, control=control)
 
 
 def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
@@ -277,21 +287,41 @@ def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
         process.wait(seconds)
 
 
-def _start_controller(settings: DemoSettings, stack: StackSettings, bus: dict[str, str],
-                      run_dir: Path) -> subprocess.Popen[bytes]:
-    """`tether controller run` on the demo's run file, the openai-SDK agent preloaded, as its own process."""
+def _stack(settings: DemoSettings, stack_settings: StackSettings) -> Stack:
+    """The process stack, or the same services from the images (the agent's folder mounted in each container)."""
+    from tether.image_stack import ImageStack, missing_images
+    from tether.stack import Stack, StackError
+
+    if not settings.images:
+        return Stack(stack_settings)
+    missing = missing_images(settings.images_tag)
+    if missing:
+        raise StackError(f"not built: {', '.join(missing)} (make images)")
+    return ImageStack(stack_settings, settings.images_tag, mounts=[AGENT.parent])
+
+
+def _start_controller(settings: DemoSettings, stack: Stack, run_dir: Path) -> subprocess.Popen[bytes]:
+    """`tether controller run` on the demo's run file, the openai-SDK agent preloaded, as its own process (or
+    its own container)."""
+    from tether.image_stack import ImageStack
+
+    in_image = isinstance(stack, ImageStack)
+    bus = stack.broker.client_env("controller")
     validation = {"validation": {"dataset": "held_out.jsonl", "every": settings.validate_every,
                                  "temperatures": settings.validation_temperatures}} if settings.validation_tasks else {}
     (run_dir / "controller.yaml").write_text(yaml.safe_dump({
         "run_id": settings.run_id, "dataset": "tasks.jsonl", "group_size": settings.group_size,
         "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
         "timeout_s": 120, "log_dir": "rollouts",
-        "harness": {"command": [sys.executable, str(AGENT.resolve()), "--max-turns", str(settings.max_turns),
-                                "--max-tokens", "40"], "preload": ["openai"]}, **validation}))
-    env = {**os.environ, **bus,
-           "TETHER_CONTROLLER_GATEWAY_URL": stack.gateway_url,
-           "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": stack.admin_key,
-           "TETHER_CONTROLLER_GATEWAY_SECRET": stack.secret}
+        "harness": {"command": ["python" if in_image else sys.executable, str(AGENT.resolve()), "--max-turns",
+                                str(settings.max_turns), "--max-tokens", "40"], "preload": ["openai"]}, **validation}))
+    s = stack.settings
+    own = {**bus, "TETHER_CONTROLLER_GATEWAY_URL": s.gateway_url, "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": s.admin_key,
+           "TETHER_CONTROLLER_GATEWAY_SECRET": s.secret}
+    if isinstance(stack, ImageStack):
+        return stack.run_controller(["tether", "controller", "run", str(run_dir / "controller.yaml")], own,
+                                    run_dir / "controller.log")
+    env = {**os.environ, **own}
     with (run_dir / "controller.log").open("ab") as log:
         return subprocess.Popen([sys.executable, "-m", "tether.cli", "controller", "run",
                                  str(run_dir / "controller.yaml")], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -306,7 +336,7 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str)
     history, stored = outcome.history, outcome.stored
     latest = checkpoint.latest(run_dir / "checkpoints" / settings.run_id)
     dsn = f"chdb://{(run_dir / 'clickhouse').resolve()}"
-    validation = _validation_by_version(dsn, settings.run_id)
+    validation = validation_by_version(outcome.control)
     plot = plot_history(history, run_dir / "updates.png", f"Tether demo {settings.run_id}",
                         validation) if history else None
     rewards = [h["mean_reward"] for h in history]
@@ -367,19 +397,17 @@ def _reward_by_version(dsn: str, run_id: str) -> list[tuple[int, float]]:
     return [(int(row[columns.index("rollouts")]), float(row[columns.index("mean_reward")])) for row in rows]
 
 
-def _validation_by_version(dsn: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """Per setting, (version, mean reward) of each held-out round, from the run's analytics sink."""
-    from analytics.errors import AnalyticsError
-    from analytics.sink import connect, query
-
-    try:
-        columns, rows = query(connect(dsn), "validation_per_version", run_id)
-    except AnalyticsError:
-        return {}
+def validation_by_version(control: list[Event]) -> dict[str, list[tuple[int, float]]]:
+    """Per setting, (version, mean reward) of each held-out round, from the controller's reports on tether.control
+    (a round reported twice, by a controller that restarted, counts once: its last report)."""
+    last: dict[int, ValidationReported] = {}
+    for event in control:
+        if isinstance(event, ValidationReported):
+            last[event.version] = event
     out: dict[str, list[tuple[int, float]]] = {}
-    for row in rows:
-        out.setdefault(str(row[columns.index("setting")]), []).append(
-            (int(row[columns.index("version")]), float(row[columns.index("mean_reward")])))
+    for version, report in sorted(last.items()):
+        for score in report.scores:
+            out.setdefault(score.setting, []).append((version, score.mean_reward))
     return out
 
 

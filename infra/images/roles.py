@@ -42,6 +42,9 @@ ROLES: tuple[Role, ...] = (
          ("tether", "controller", "run", f"{RUN_DIR}/run.yaml")),
     Role("trainer", ("trainer",), ("trainer", "engine"),
          ("tether", "trainer", "run", f"{TRAINER_DIR}/trainer.yaml"), ENGINE_PORT),
+    # the controller with the example agent's SDK, for a run whose harnesses run beside it (its local runner): the
+    # demo from the images (the agent's file is mounted)
+    Role("agents", ("controller", "demo"), ("controller",), ("tether", "controller", "run", f"{RUN_DIR}/run.yaml")),
     # the broker, for a stack run from the images on one machine (its install stage is the gateway's: the core)
     Role("kafka", (), ("infra",), ("tether", "kafka", "serve"), KAFKA_PORT),
 )

@@ -60,13 +60,16 @@ def demo(task: Annotated[str | None, typer.Option(
              "its preset of settings. Default: TETHER_DEMO_TASK, else letters.")] = None,
          backend: Annotated[str | None, typer.Option(
              help="torch (the embedded learner) or verl (verl's workers on Ray). Default: TETHER_DEMO_BACKEND, "
-                  "else torch.")] = None) -> None:
+                  "else torch.")] = None,
+         images: Annotated[bool | None, typer.Option(
+             "--images", help="Every service, and the broker, in a container of its own from the images (`make "
+                              "images`), meeting over the network (TETHER_DEMO_IMAGES).")] = None) -> None:
     """The demo training job (`make run`): warm-start, stack up, an agent trained with RL while held-out tasks
     are validated, summary, stack down."""
     from tether.demo import DemoSettings
     from tether.demo import main as run_demo
 
-    settings = load_settings(DemoSettings, task=task, backend=backend)
+    settings = load_settings(DemoSettings, task=task, backend=backend, images=images)
     with failing_cleanly():
         raise typer.Exit(run_demo(settings, Console()))
 
