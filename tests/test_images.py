@@ -77,7 +77,8 @@ def test_the_containerfile_has_a_target_per_role_installing_its_extras_and_runni
     for role in ROLES:
         stage = "gateway" if role.name == "kafka" else role.name  # the broker's image: the core, and Java
         install = text.split(f"FROM install AS install-{stage}\n", 1)[1].split("\nFROM ", 1)[0]
-        assert f'RUN /build/install.sh "{",".join(role.extras)}"' in install, role.name
+        assert f'RUN /build/install.sh deps "{",".join(role.extras)}"' in install, role.name
+        assert install.index("install.sh deps") < install.index("COPY dist/") < install.index("install.sh wheel")
         target = text.split(f"FROM python AS {role.name}\n", 1)[1].split("\nFROM ", 1)[0]
         assert f"COPY --from=install-{stage} /opt/tether /opt/tether" in target
         assert f"USER {USER_ID}:{USER_ID}" in target and "HEALTHCHECK" in target and "infra.health" in target
@@ -140,9 +141,13 @@ def test_a_port_is_healthy_when_it_takes_a_connection() -> None:
 
 
 def _missing() -> str | None:
+    """What this machine lacks to build and run the images, or None."""
     for tool in ("podman", "mmdebstrap"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (Debian: apt-get install podman runc mmdebstrap uidmap)"
+    info = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=60)
+    if info.returncode != 0:
+        return f"podman is installed but does not work here: {info.stderr.strip()[-300:]}"
     return None
 
 

@@ -8,7 +8,9 @@ need be reachable); `--base` names another (e.g. docker.io/library/debian:
 bookworm-slim). The wheel is built from a copy of the sources, so the
 checkout gets no `build/` folder, and each image installs it with its role's
 extras, every version from requirements.lock. The build context holds only
-the Containerfile, its install script, the lock and the wheel. Prints each image's size and
+the Containerfile, its install script, pyproject.toml, the lock and the
+wheel; each image installs its dependencies in a layer of their own, so a
+change to the project alone reinstalls only the wheel. Prints each image's size and
 build time; the sizes also go to bench/results/images.json.
 """
 
@@ -126,11 +128,12 @@ def build_wheel(out: Path) -> Path:
 
 
 def context(into: Path, kafka: bool) -> Path:
-    """The build context: the Containerfile, its install script, the lock and the wheel, nothing else of the
-    checkout; with `kafka`, the broker's jars as the launcher fetches them (Maven, once)."""
+    """The build context: the Containerfile, its install script, pyproject.toml, the lock and the wheel, nothing
+    else of the checkout; with `kafka`, the broker's jars as the launcher fetches them (Maven, once)."""
     shutil.copy(CONTAINERFILE, into / "Containerfile")
     shutil.copy(CONTAINERFILE.with_name("install.sh"), into / "install.sh")
     shutil.copy(ROOT / "requirements.lock", into / "requirements.lock")
+    shutil.copy(ROOT / "pyproject.toml", into / "pyproject.toml")
     build_wheel(into / "dist")
     if kafka:
         shutil.copytree(KafkaBroker(BrokerSettings()).fetch(), into / "kafka-libs")
