@@ -35,6 +35,7 @@ and the gateway can check a sample of calls (`differs`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -262,6 +263,7 @@ class Renderer:
         self.end_of_turn = tokenizer.eos_token
         self.end_of_turn_id = tokenizer.eos_token_id
         self.encode = tokenizer.encode
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(lambda token_id: tokenizer.decode([token_id]))
         self.stub: Stub | None = None
         if stub and tokenizer.timeless:
             self.stub, why = probe_stub(self.template)
@@ -269,8 +271,9 @@ class Renderer:
                      f"every call renders the whole conversation ({why})")
 
     def token_text(self, token_id: int) -> str:
-        """One token as text, as logprobs show it."""
-        return self.tokenizer.decode([token_id])
+        """One token as text, as logprobs show it; remembered, since an engine that names tokens by their ids
+        (`gateway.choices`) has each of a call's top alternatives shown by its text."""
+        return self._token_text(token_id)
 
     def template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, open_turn: bool) -> str:
         try:

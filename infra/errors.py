@@ -5,7 +5,8 @@
     ├── FetchFailed          Maven could not fetch the broker's jars
     ├── PortInUse            another process holds a port the broker needs
     ├── BrokerStartFailed    the broker process exited or never answered a metadata request
-    └── BrokerBusy           the operation needs the broker stopped (wiping its data)
+    ├── BrokerBusy           the operation needs the broker stopped (wiping its data)
+    └── ImageError           the images cannot be built or run here (infra/images): the message says why
 """
 
 

@@ -81,8 +81,9 @@ def check_beat(path: Path, max_age_s: float = MAX_AGE_S, now: float | None = Non
 
 def check_url(url: str, timeout_s: float = 4.0) -> str | None:
     """None when `url` answers 200; else why not."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through HTTP(S)_PROXY
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with direct.open(url, timeout=timeout_s) as response:
             return None if response.status == 200 else f"{url} answered {response.status}"
     except (urllib.error.URLError, OSError) as exc:
         return f"{url} did not answer: {exc}"

@@ -104,7 +104,8 @@ class DemoSettings(BaseSettings):
     seed: int = 0
     images: bool = Field(False, description="Every service, and the broker, in a container of its own from the "
                          "images (`make images`, tether.image_stack), meeting over the network.")
-    images_tag: str = Field("0.1.0", description="With images: their tag.")
+    images_tag: str | None = Field(None, description="With images: their tag (default: the project's version, "
+                                   "as `make images` tags them).")
 
     @model_validator(mode="before")
     @classmethod
@@ -255,7 +256,7 @@ def _run(settings: DemoSettings, console: Console, warm: Path, run_dir: Path) ->
     stack = _stack(settings, stack_settings)
     try:
         what = "tether up: Kafka, engine, gateway, processors, trainer" + (
-            f" from the images (tag {settings.images_tag}), each in its own container" if settings.images else "")
+            " from the images, each in its own container" if settings.images else "")
         up_started = time.perf_counter()
         with status(console, f"{what}..."):
             stack.up()
@@ -289,15 +290,17 @@ def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
 
 def _stack(settings: DemoSettings, stack_settings: StackSettings) -> Stack:
     """The process stack, or the same services from the images (the agent's folder mounted in each container)."""
+    from infra.images.build import version
     from tether.image_stack import ImageStack, missing_images
     from tether.stack import Stack, StackError
 
     if not settings.images:
         return Stack(stack_settings)
-    missing = missing_images(settings.images_tag)
+    tag = settings.images_tag or version()
+    missing = missing_images(tag)
     if missing:
         raise StackError(f"not built: {', '.join(missing)} (make images)")
-    return ImageStack(stack_settings, settings.images_tag, mounts=[AGENT.parent])
+    return ImageStack(stack_settings, tag, mounts=[AGENT.parent])
 
 
 def _start_controller(settings: DemoSettings, stack: Stack, run_dir: Path) -> subprocess.Popen[bytes]:
@@ -379,7 +382,8 @@ def _summary(settings: DemoSettings, run_dir: Path, outcome: Outcome, took: str)
     table.add_row("time", took)
     table.add_row("plots", str(plot))
     table.add_row("checkpoint", str(latest))
-    table.add_row("analytics", f"tether analytics --run {settings.run_id} --dsn {dsn}")
+    if not settings.images:  # from the images the processors sink no analytics (their image has no ClickHouse)
+        table.add_row("analytics", f"tether analytics --run {settings.run_id} --dsn {dsn}")
     table.add_row("replay", f"tether replay --run {settings.run_id}   (with `tether kafka up`)")
     return table
 

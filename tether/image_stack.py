@@ -22,6 +22,8 @@ from pathlib import Path
 
 from infra.images.build import limits, podman
 from infra.images.roles import BY_NAME, STATE_DIR, USER_ID
+from infra.kafka.launcher import KafkaBroker
+from infra.kafka.settings import BrokerSettings
 from schemas.admin import ensure_topics
 from tether.stack import Service, Stack, StackError, StackSettings
 
@@ -35,7 +37,12 @@ class ImageStack(Stack):
     """`Stack` with each service, and the broker, in its own container (`tag`: the images' tag)."""
 
     def __init__(self, settings: StackSettings, tag: str, mounts: Sequence[Path] = ()) -> None:
-        super().__init__(settings)
+        # the broker in its container: one plaintext node on this machine's ports, its data in the run's volume;
+        # none of this machine's broker (its recorded shape, its security) is read
+        host = BrokerSettings()
+        super().__init__(settings, KafkaBroker(BrokerSettings(
+            brokers=1, security="plaintext", host="127.0.0.1", port=host.port, controller_port=host.controller_port,
+            heap=host.heap, state_dir=settings.run_dir / "kafka-client")))
         if settings.gateway_replicas != 1:
             raise StackError("the stack from images runs one gateway (replicas behind HAProxy: the process stack)")
         self.tag = tag
@@ -87,7 +94,8 @@ class ImageStack(Stack):
                 for s in super().services()]
 
     def _start(self, service: Service) -> None:
-        self._run(service.name, command_of(service), service.env)
+        health = ["--health-cmd", f"python -m infra.health --url http://127.0.0.1:{self.settings.engine_port}/health"]
+        self._run(service.name, command_of(service), service.env, options=health if service.name == "engine" else ())
         self._await(service.name, service.health, self.settings.start_timeout_s, settle_s=3.0)
 
     def run_controller(self, command: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -126,10 +134,12 @@ class ImageStack(Stack):
 
     # -- podman ----------------------------------------------------------------------------------------------------
 
-    def _run(self, name: str, command: Sequence[str], env: dict[str, str], volume: str | None = None) -> None:
-        """The service's container, detached, its output in the run's logs folder."""
+    def _run(self, name: str, command: Sequence[str], env: dict[str, str], volume: str | None = None,
+             options: Sequence[str] = ()) -> None:
+        """The service's container, detached, its output in the run's logs folder; `options`: podman run's (the
+        engine, from the trainer's image, is checked by its /health instead of the trainer's beat)."""
         subprocess.run([self.tool, "rm", "--force", self.container(name)], capture_output=True)
-        log = ["--log-driver", "k8s-file", "--log-opt", f"path={(self.logs / f'{name}.log').resolve()}"]
+        log = ["--log-driver", "k8s-file", "--log-opt", f"path={(self.logs / f'{name}.log').resolve()}", *options]
         args = self._args(name, command, env, volume)
         started = subprocess.run([*args[:2], "--detach", *log, *args[2:]], capture_output=True, text=True,
                                  timeout=120)

@@ -17,6 +17,7 @@ build time; the sizes also go to bench/results/images.json.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import resource
@@ -29,6 +30,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
+from infra.errors import InfraError
 from infra.images.roles import BY_NAME, ROLES, Role
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
@@ -40,12 +42,13 @@ SUITE = "bookworm"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class ImageError(Exception):
-    """The images cannot be built here: the message says what is missing."""
+class ImageError(InfraError):
+    """The images cannot be built or run here: the message says what is missing or what failed."""
 
 
 def version() -> str:
-    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+    """The project's version: the images' default tag."""
+    return importlib.metadata.version("tether")
 
 
 def podman() -> str:
