@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,13 @@ def test_the_containerfile_has_a_target_per_role_installing_its_extras_and_runni
         assert f"CMD {json.dumps(list(role.command))}" in target.replace('", "', '", "')
         if role.port is not None:
             assert f"EXPOSE {role.port}" in target
+        if '"--beat"' in target:  # checked by the file its command beats (`tether <role> run`)
+            beats = "controller" if role.name == "agents" else role.name
+            assert f'"--beat", "{beat_file(beats)}"' in target, role.name
+    assert text.count('"--beat"') == 4  # processors, controller, agents, trainer
     assert f"ARG KAFKA_VERSION={BrokerSettings().version}\n" in text  # the default, for builds elsewhere
+    uv = re.search(r"^UV\s*:=\s*(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert uv is not None and f"ARG UV={uv.group(1)}\n" in text  # the same uv as `make setup`
     assert f"--uid {USER_ID} --gid {USER_ID} --home-dir {STATE_DIR}" in text and f"WORKDIR {STATE_DIR}\n" in text
 
 
