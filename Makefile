@@ -47,8 +47,11 @@ containers:
 	    apt-get update -qq && apt-get install -y -qq podman runc mmdebstrap uidmap >/dev/null; \
 	  else echo "make: the images need podman and mmdebstrap: sudo apt-get install podman runc mmdebstrap uidmap"; fi; }
 
-# One image per role (infra/images/): the sizes and build times are printed, and kept in bench/results/images.json.
+# One image per role (infra/images/), and the two of a coding task's pod (the tasks' image holds examples/swe/tasks,
+# built here from toolz on PyPI where they are missing): the sizes and build times are printed, and kept in
+# bench/results/images.json.
 images: setup containers
+	@test -f examples/swe/tasks/tasks.jsonl || $(BIN)/tether swe build --package toolz==1.2.0 --out examples/swe/tasks
 	$(BIN)/python -m infra.images.build
 
 harnesses: examples/npm/node_modules/.installed

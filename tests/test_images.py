@@ -38,7 +38,7 @@ EXTRA_MODULES = {"processors": ("faust", "clickhouse_connect"), "controller": ("
                  "analytics": ("chdb", "clickhouse_connect", "matplotlib", "transformers"),
                  "trainer": ("torch", "transformers", "verl", "datasets", "ray", "peft", "matplotlib", "numpy",
                              "omegaconf", "safetensors", "tensordict"),
-                 "demo": ("openai",)}
+                 "demo": ("openai",), "swe": ("pytest",)}
 
 IMPORTS = """
 import importlib, pkgutil, sys

@@ -1,6 +1,6 @@
 """Build Tether's images (`make images`): a Debian base, the project's wheel, then one image per role.
 
-    python -m infra.images.build [--roles gateway processors ...] [--base IMAGE] [--tag 0.1.0]
+    python -m infra.images.build [--roles gateway processors ...] [--base IMAGE] [--tag 0.1.0] [--tasks DIR]
 
 With podman (no Docker daemon needed). The base is a Debian bookworm made with
 mmdebstrap from the package mirror and imported once (no registry of images
@@ -10,8 +10,10 @@ checkout gets no `build/` folder, and each image installs it with its role's
 extras, every version from requirements.lock. The build context holds only
 the Containerfile, its install script, pyproject.toml, the lock and the
 wheel; each image installs its dependencies in a layer of their own, so a
-change to the project alone reinstalls only the wheel. Prints each image's size and
-build time; the sizes also go to bench/results/images.json.
+change to the project alone reinstalls only the wheel. The images of a coding
+task's pod (swe-tasks, swe-agent) are built the same way, the tasks' image
+holding the tasks `tether swe build` wrote (`--tasks`). Prints each image's
+size and build time; the sizes also go to bench/results/images.json.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra.errors import InfraError
-from infra.images.roles import BY_NAME, ROLES, Role
+from infra.images.roles import BY_NAME, STEP_IMAGES, SWE_TASKS, Role, StepImage
 from infra.kafka.launcher import KafkaBroker
 from infra.kafka.settings import BrokerSettings
 
@@ -40,6 +42,9 @@ CONTAINERFILE = Path(__file__).with_name("Containerfile")
 BASE = "localhost/tether-debian:bookworm"
 SUITE = "bookworm"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TASKS = ROOT / "examples" / "swe" / "tasks"  # where examples/swe/run.yaml has `tether swe build` write them
+MINI_CONFIG = ROOT / "examples" / "mini_swe_agent" / "tether.yaml"
+IMAGES: dict[str, Role | StepImage] = {**BY_NAME, **{s.name: s for s in STEP_IMAGES}}
 
 
 class ImageError(InfraError):
@@ -130,20 +135,31 @@ def build_wheel(out: Path) -> Path:
     return wheel
 
 
-def context(into: Path, kafka: bool) -> Path:
+def context(into: Path, images: Sequence[Role | StepImage], tasks: Path = TASKS) -> Path:
     """The build context: the Containerfile, its install script, pyproject.toml, the lock and the wheel, nothing
-    else of the checkout; with `kafka`, the broker's jars as the launcher fetches them (Maven, once)."""
+    else of the checkout; for the broker, its jars as the launcher fetches them (Maven, once); for the coding
+    task's images, the tasks (`tasks`) and mini-swe-agent's settings."""
+    names = {image.name for image in images}
+    if SWE_TASKS.name in names and not (tasks / "tasks.jsonl").is_file():
+        raise ImageError(f"{tasks}: no tasks.jsonl, for the image {SWE_TASKS.image}; build the tasks first: "
+                         f"tether swe build --package toolz==1.2.0 --out {tasks}")
     shutil.copy(CONTAINERFILE, into / "Containerfile")
     shutil.copy(CONTAINERFILE.with_name("install.sh"), into / "install.sh")
     shutil.copy(ROOT / "requirements.lock", into / "requirements.lock")
     shutil.copy(ROOT / "pyproject.toml", into / "pyproject.toml")
     build_wheel(into / "dist")
-    if kafka:
+    if "kafka" in names:
         shutil.copytree(KafkaBroker(BrokerSettings()).fetch(), into / "kafka-libs")
+    # (the Containerfile copies both whichever target is built: a placeholder where they are not needed)
+    if SWE_TASKS.name in names:
+        shutil.copytree(tasks, into / "tasks", ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    else:
+        (into / "tasks").mkdir()
+    shutil.copy(MINI_CONFIG, into / "mini.yaml")
     return into
 
 
-def build_role(tool: str, role: Role, ctx: Path, base: str, tag: str, quiet: bool = True) -> float:
+def build_role(tool: str, role: Role | StepImage, ctx: Path, base: str, tag: str, quiet: bool = True) -> float:
     """The role's image as tether-<role>:<tag>; seconds taken. The host's uv cache, where there is one, serves
     the wheels (a cold build downloads them)."""
     cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
@@ -163,8 +179,8 @@ def size_mb(tool: str, image: str) -> float:
     return int(run([tool, "image", "inspect", "--format", "{{.Size}}", image], "podman image inspect")) / 1e6
 
 
-def build(roles: Sequence[Role], base: str | None = None, tag: str | None = None, quiet: bool = True
-          ) -> dict[str, dict[str, float]]:
+def build(roles: Sequence[Role | StepImage], base: str | None = None, tag: str | None = None, quiet: bool = True,
+          tasks: Path = TASKS) -> dict[str, dict[str, float]]:
     """Every image of `roles` (the base first, made where none is named); per image its size and build time."""
     tool, tag = podman(), tag or version()
     figures: dict[str, dict[str, float]] = {}
@@ -172,7 +188,7 @@ def build(roles: Sequence[Role], base: str | None = None, tag: str | None = None
         base = BASE
         figures["base"] = {"build_s": make_base(tool), "size_mb": size_mb(tool, BASE)}
     with tempfile.TemporaryDirectory(prefix="tether-images-") as scratch:
-        ctx = context(Path(scratch), kafka=any(r.name == "kafka" for r in roles))
+        ctx = context(Path(scratch), roles, tasks)
         for role in roles:
             seconds = build_role(tool, role, ctx, base, tag, quiet)
             figures[role.image] = {"build_s": seconds, "size_mb": size_mb(tool, f"{role.image}:{tag}")}
@@ -183,13 +199,15 @@ def build(roles: Sequence[Role], base: str | None = None, tag: str | None = None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--roles", nargs="+", choices=sorted(BY_NAME), default=[r.name for r in ROLES])
+    parser.add_argument("--roles", nargs="+", choices=list(IMAGES), default=list(IMAGES))
     parser.add_argument("--base", help=f"a Debian bookworm image to build on (default: {BASE}, made here)")
     parser.add_argument("--tag", help="the images' tag (default: the project's version)")
+    parser.add_argument("--tasks", type=Path, default=TASKS, help="the tasks the swe-tasks image holds "
+                        f"(default: {TASKS.relative_to(ROOT)}, where examples/swe/run.yaml reads them)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "images.json")
     args = parser.parse_args()
     try:
-        figures = build([BY_NAME[r] for r in args.roles], args.base, args.tag)
+        figures = build([IMAGES[r] for r in args.roles], args.base, args.tag, tasks=args.tasks)
     except ImageError as exc:
         sys.exit(f"make images: {exc}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

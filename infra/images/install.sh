@@ -3,6 +3,8 @@
 #   install.sh deps EXTRAS    every dependency of the project with those extras ("a,b"; "" for the core alone),
 #                             the versions of the lock (resolved from pyproject.toml, which changes rarely)
 #   install.sh wheel          the project's wheel, without its dependencies; then uv and pip leave the environment
+#   install.sh tools "A B"    those packages and their dependencies alone (no Tether), the versions of the lock;
+#                             then uv and pip leave the environment
 # CA_BUNDLE: see the Containerfile.
 set -eu
 python=/opt/tether/bin/python
@@ -19,6 +21,12 @@ case "$1" in
     uv pip install --quiet --compile-bytecode --no-deps --python $python /build/dist/tether-*.whl
     uv pip check --python $python
     uv pip uninstall --quiet --python $python uv pip ;;
+  tools)
+    # shellcheck disable=SC2086  # one argument per package
+    ${CA_BUNDLE:+env SSL_CERT_FILE=$CA_BUNDLE} uv pip install --quiet --compile-bytecode --python $python \
+        --constraint /build/requirements.lock $2
+    uv pip check --python $python
+    uv pip uninstall --quiet --python $python uv pip ;;
   *)
-    echo "usage: install.sh deps EXTRAS | install.sh wheel" >&2; exit 2 ;;
+    echo "usage: install.sh deps EXTRAS | install.sh wheel | install.sh tools \"PACKAGE ...\"" >&2; exit 2 ;;
 esac

@@ -49,3 +49,24 @@ ROLES: tuple[Role, ...] = (
     Role("kafka", (), ("infra",), ("tether", "kafka", "serve"), KAFKA_PORT),
 )
 BY_NAME = {r.name: r for r in ROLES}
+
+
+@dataclass(frozen=True)
+class StepImage:
+    """An image of a coding task's pod (examples/swe/job-template.yaml): one of its steps, not a service, so no
+    port and no health check; the Job's outcome is its exit."""
+
+    name: str  # the Containerfile's target, and the image is tether-<name>
+    holds: str  # what it holds, and what it must not
+
+    @property
+    def image(self) -> str:
+        return f"tether-{self.name}"
+
+
+SWE_TASKS = StepImage("swe-tasks", "`tether swe` (checkout, grade) with git and pytest, and the tasks "
+                      "`tether swe build` wrote, grading data included")
+SWE_AGENT = StepImage("swe-agent", "mini-swe-agent, pytest and git, the versions of the lock; no tasks and no Tether")
+STEP_IMAGES: tuple[StepImage, ...] = (SWE_TASKS, SWE_AGENT)
+TASKS_DIR = "/tasks"  # where the tasks image holds the tasks (the Job template's --tasks)
+MINI_CONFIG = "/etc/tether/mini.yaml"  # examples/mini_swe_agent/tether.yaml in the agent's image
