@@ -18,7 +18,9 @@ in its in-memory store; Tether renders it, sends the token ids to
 For each level of concurrent clients and each repetition, the same calls go
 straight to FakeVLLM's chat route, through Agent Lightning and through
 Tether, one after the other; the table gives the median over repetitions of
-each figure. Then --memory-calls calls through each gateway at 64 clients,
+each figure. Tether's row also gives its mean wait for Kafka's
+acknowledgements per call (from its /metrics): the part of its added time that
+is the write to the log before the answer. Then --memory-calls calls through each gateway at 64 clients,
 with its resident memory after a tenth of them and after all. The targets
 (issue 34): Tether's added p50 at one client at or below Agent Lightning's,
 at least 2.5x its calls per second at 16 and 64 clients, p99 at most 3x the
@@ -123,6 +125,7 @@ def main() -> None:
     scratch, broker = scratch_broker("tether-peer-bench-")
     processes: list[subprocess.Popen[bytes]] = []
     rows: dict[tuple[int, str], list[tuple[Result, float]]] = {}
+    acks: dict[int, list[float]] = {}  # Tether's mean wait for Kafka's acknowledgement per call, by level
     memory: dict[str, list[tuple[int, float]]] = {}
     try:
         with console.status("starting Kafka, FakeVLLM and both gateways..."):
@@ -161,9 +164,13 @@ def main() -> None:
                     n = args.requests if level > 1 else max(10, args.requests // 4)
                     for name in ("direct", *GATEWAYS):
                         cpu = cpu_seconds(pids[name]) if name in pids else 0.0
+                        waited = publish_wait(tether) if name == "tether" else (0.0, 0)
                         result = through(name, n, level)
                         cpu_ms = (cpu_seconds(pids[name]) - cpu) / n * 1000 if name in pids else 0.0
                         rows.setdefault((level, name), []).append((result, cpu_ms))
+                        if name == "tether":
+                            (s1, c1), (s0, c0) = publish_wait(tether), waited
+                            acks.setdefault(level, []).append((s1 - s0) / max(1, c1 - c0) * 1000)
                     bar.advance(task)
             for name in GATEWAYS:
                 task = bar.add_task(f"memory: {name}", total=args.memory_calls)
@@ -180,7 +187,20 @@ def main() -> None:
             stop(p)
         broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    report(rows, memory, args, version)
+    report(rows, acks, memory, args, version)
+
+
+def publish_wait(gateway: str) -> tuple[float, int]:
+    """Seconds the gateway has waited for Kafka's acknowledgements so far, and how many (its /metrics): the part
+    of each call's added time that is the write to the log before the answer, which Agent Lightning does not
+    wait for."""
+    total, count = 0.0, 0
+    for line in httpx.get(f"{gateway}/metrics", timeout=10).text.splitlines():
+        if line.startswith("tether_gateway_kafka_publish_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("tether_gateway_kafka_publish_seconds_count"):
+            count = int(float(line.split()[-1]))
+    return total, count
 
 
 def register(gateway: str, n: int) -> list[str]:
@@ -195,12 +215,12 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def report(rows: dict[tuple[int, str], list[tuple[Result, float]]], memory: dict[str, list[tuple[int, float]]],
-           args: Any, version: str) -> None:
+def report(rows: dict[tuple[int, str], list[tuple[Result, float]]], acks: dict[int, list[float]],
+           memory: dict[str, list[tuple[int, float]]], args: Any, version: str) -> None:
     table = Table(title=f"Tether's gateway beside Agent Lightning {version}'s (FakeVLLM answers at once; median "
                         f"of {args.repeats} repetitions)")
     for column in ("clients", "gateway", "added p50 ms", "p99 ms", "mean ms", "p99/mean", "calls/s",
-                   "calls/s vs AL", "CPU ms/call"):
+                   "calls/s vs AL", "CPU ms/call", "Kafka ack ms"):
         table.add_column(column, justify="right")
     figures: dict[str, Any] = {"agentlightning": version, "levels": {}}
     for level in args.levels:
@@ -211,10 +231,12 @@ def report(rows: dict[tuple[int, str], list[tuple[Result, float]]], memory: dict
             f = {"added_p50_ms": _median([r.p50 for r, _ in got]) - direct, "p99_ms": _median([r.p99 for r, _ in got]),
                  "mean_ms": _median([r.mean for r, _ in got]), "rate": _median([r.rate for r, _ in got]),
                  "cpu_ms": _median([c for _, c in got])}
+            if name == "tether":
+                f["kafka_ack_ms"] = _median(acks[level])
             figures["levels"].setdefault(str(level), {})[name] = f
             table.add_row(str(level), name, f"{f['added_p50_ms']:+.2f}", f"{f['p99_ms']:.2f}", f"{f['mean_ms']:.2f}",
                           f"{f['p99_ms'] / f['mean_ms']:.1f}", f"{f['rate']:,.0f}", f"{f['rate'] / peer_rate:.2f}x",
-                          f"{f['cpu_ms']:.2f}")
+                          f"{f['cpu_ms']:.2f}", f"{f['kafka_ack_ms']:.2f}" if "kafka_ack_ms" in f else "-")
     console.print(table)
     for name, points in memory.items():
         (a, rss_a), (b, rss_b) = points
