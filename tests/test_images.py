@@ -161,6 +161,15 @@ def _missing() -> str | None:
     return None
 
 
+def test_without_podman_the_build_and_the_image_tests_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where podman is absent (`make test` installs it only as root with apt-get), the image tests skip with the
+    package names and `make images` fails in one line naming them, not with a traceback."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "podman is not installed" in (_missing() or "") and "apt-get install podman" in (_missing() or "")
+    with pytest.raises(ImageError, match=r"podman is not installed.*apt-get install podman runc mmdebstrap"):
+        build([BY_NAME["gateway"]], tag="never")
+
+
 @pytest.fixture(scope="module")
 def gateway_image() -> str:
     missing = _missing()
