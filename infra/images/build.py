@@ -150,7 +150,8 @@ def context(into: Path, images: Sequence[Role | StepImage], tasks: Path = TASKS)
     build_wheel(into / "dist")
     if "kafka" in names:
         shutil.copytree(KafkaBroker(BrokerSettings()).fetch(), into / "kafka-libs")
-    # (the Containerfile copies both whichever target is built: a placeholder where they are not needed)
+    # (a builder that builds every stage before its target, as Docker's legacy one does, copies the tasks for
+    # any target after theirs: an empty folder where they are not wanted)
     if SWE_TASKS.name in names:
         shutil.copytree(tasks, into / "tasks", ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
     else:
