@@ -20,8 +20,9 @@ straight to FakeVLLM's chat route, through Agent Lightning and through
 Tether, one after the other; the table gives the median over repetitions of
 each figure. Tether's row also gives its mean wait for Kafka's
 acknowledgements per call (from its /metrics): the part of its added time that
-is the write to the log before the answer. Then --memory-calls calls through each gateway at 64 clients,
-with its resident memory after a tenth of them and after all. The targets
+is the write to the log before the answer. Then --memory-calls calls through
+each gateway at 64 clients, with its resident memory after a tenth of them and
+after all. The targets
 (issue 34): Tether's added p50 at one client at or below Agent Lightning's,
 at least 2.5x its calls per second at 16 and 64 clients, p99 at most 3x the
 mean at 64, and at most 50 MB of growth over 50,000 calls.
