@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from gateway.api.harness import harness_router
+from gateway.company import Company
 from gateway.control import ControlLoop
 from gateway.gate import Gate
 from gateway.metrics import Metrics
@@ -77,11 +78,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                       recorder=Recorder(producer, own), rollouts=Rollouts(max_tips=settings.extendable_calls),
                       gate=gate, metrics=metrics, history=history, resume_rendering=settings.resume_rendering,
                       render_check_every=settings.render_check_every, engine_kind=settings.engine_kind)
+    company = Company(settings.gateway_id, settings.peer_lease_s)
     control = ControlLoop(bus=settings.bus, run_id=settings.run_id, gateway_id=settings.gateway_id,
                           url=settings.url, gate=gate, producer=producer, metrics=metrics,
-                          on_version=gateway.set_version, heartbeat_s=settings.heartbeat_s)
+                          on_version=gateway.set_version, heartbeat_s=settings.heartbeat_s, company=company)
     peers = PeerWatch(bus=settings.bus, gateway_id=settings.gateway_id, rollouts=gateway.rollouts, own=own,
-                      producer=producer, metrics=metrics)
+                      producer=producer, metrics=metrics, company=company)
     tasks = [asyncio.create_task(peers.run()), asyncio.create_task(control.run())]
     if settings.engine_check_s > 0:
         tasks.append(asyncio.create_task(engines.watch(settings.engine_kind, lambda: gateway.version,

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
+from gateway.company import Company
 from gateway.gate import Gate
 from gateway.metrics import Metrics
 from schemas import topics
@@ -41,8 +43,9 @@ log = logging.getLogger("tether.gateway.control")
 class ControlLoop:
     def __init__(self, *, bus: BusSettings, run_id: str, gateway_id: str, url: str, gate: Gate,
                  producer: EventProducer, metrics: Metrics, on_version: Callable[[int, bool], None],
-                 heartbeat_s: float) -> None:
+                 heartbeat_s: float, company: Company) -> None:
         self.bus, self.run_id, self.gateway_id, self.url = bus, run_id, gateway_id, url
+        self.company = company  # the run's other gateways, as their joins and leaves are read here
         self.heartbeat_s = heartbeat_s
         self.gate, self.producer, self.metrics = gate, producer, metrics
         self.on_version = on_version
@@ -66,7 +69,7 @@ class ControlLoop:
             caught_up = False
             async for item in consumer.follow():
                 if isinstance(item, CaughtUp):
-                    caught_up = True
+                    caught_up = self.company.known = True
                     if pending is not None:
                         self._pause(pending)
                     await self._joined()
@@ -74,6 +77,11 @@ class ControlLoop:
                 event = item.event
                 if run_of(event) != self.run_id:
                     continue
+                if isinstance(event, GatewayJoined):
+                    self.company.joined(event.gateway_id, event.joined_at.timestamp(),
+                                        time.time() if caught_up else None)
+                elif isinstance(event, GatewayLeft):
+                    self.company.left(event.gateway_id)
                 if isinstance(event, UpdateRequested):
                     pending = event.version
                     if caught_up:

@@ -64,6 +64,8 @@ class GatewaySettings(BaseSettings):
     max_hold_s: float = Field(60.0, gt=0, description="Longest a call waits for a weight update before a 503.")
     heartbeat_s: float = Field(10.0, gt=0, description="How often GatewayJoined is repeated on tether.control: the "
                                                       "lease by which the trainer knows this gateway is alive.")
+    peer_lease_s: float = Field(30.0, gt=0, description="How long another gateway counts as alive after its last "
+                                "GatewayJoined: while none is, this one does not follow tether.calls for their writes.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     extendable_calls: int = Field(
         4, ge=0, description="How many of a rollout's latest answers a new call's record may extend (recorded as "

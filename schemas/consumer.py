@@ -121,12 +121,19 @@ class EventConsumer(Lifecycle):
         self._consumer.assign(list(partitions))
 
     async def seek_to_time(self, partition: TopicPartition, timestamp_ms: int) -> None:
-        """Read `partition` from its first record stamped at or after `timestamp_ms` (its end if none is)."""
+        """Read `partition` from its first record stamped at or after `timestamp_ms`; if none is, from its end as it
+        was before the look-up, so that a record written meanwhile is not passed over."""
+        end = (await self._consumer.end_offsets([partition]))[partition]
         found = (await self._consumer.offsets_for_times({partition: timestamp_ms})).get(partition)
-        if found is not None:
-            self._consumer.seek(partition, found.offset)
-        else:
-            self._consumer.seek(partition, (await self._consumer.end_offsets([partition]))[partition])
+        self._consumer.seek(partition, found.offset if found is not None else end)
+
+    def pause(self) -> None:
+        """Fetch nothing more from the assigned partitions (a reader with nothing to read for a while); the
+        position is kept, so `resume` goes on from it (or from a seek)."""
+        self._consumer.pause(*self._consumer.assignment())
+
+    def resume(self) -> None:
+        self._consumer.resume(*self._consumer.assignment())
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Read `partition` from `offset` next (a reader that keeps its own offsets, e.g. in a checkpoint)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.company import Company
+from gateway.metrics import Metrics
 from gateway.own_writes import OwnWrites
+from gateway.peers import PeerWatch
 from gateway.readback import fold
+from gateway.rollouts import Rollouts
 from infra.processes import free_port, stop
 from schemas.events import ModelCall, RolloutSealed, RolloutStarted
 from schemas.producer import EventProducer
@@ -151,6 +156,89 @@ def test_a_replica_that_never_saw_the_rollout_serves_its_first_call(
                             headers={"authorization": f"Bearer {token}"})
         assert reward.status_code == 200
         assert len(seal(a, rollout_id)) == 1
+
+
+def peer_watch(gw: RunningGateway) -> float:
+    """1 while the gateway follows tether.calls for the other replicas' writes, 0 while it is alone."""
+    for line in httpx.get(f"{gw.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("tether_gateway_peer_watch "):
+            return float(line.split()[-1])
+    raise AssertionError("no tether_gateway_peer_watch in /metrics")
+
+
+def wait_for_watch(gw: RunningGateway, value: float, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while peer_watch(gw) != value:
+        assert time.monotonic() < deadline, f"the peer watch stayed at {peer_watch(gw)}, not {value}"
+        time.sleep(0.05)
+
+
+def test_a_lone_replica_follows_no_calls_until_another_joins_and_then_misses_none(
+        bus: BusSettings, engine_server: RunningEngine, tiny_model: Path, tmp_path: Path) -> None:
+    """Alone it stops following tether.calls; the second replica serves a call before the first has heard of
+    it (no wait in between), and the first still reads that call (from before the other's join) and forgets
+    the rollout before its next call; once the other leaves it stops again."""
+    run_id = f"alone-{time.monotonic_ns()}"
+    a = start_gateway(bus, engine_server, tiny_model, tmp_path / "a.log", run_id)
+    try:
+        wait_for_watch(a, 0)
+        rollout_id, token = new_rollout(a)
+        asyncio.run(announce(bus, run_id, rollout_id))
+        messages = [{"role": "user", "content": "Count with me."}]
+        on_a = openai.OpenAI(base_url=f"{a.url}/v1", api_key=token, max_retries=0)
+        for turn in range(2):
+            chat(on_a, messages, turn)
+        b = start_gateway(bus, engine_server, tiny_model, tmp_path / "b.log", run_id)
+        try:
+            chat(openai.OpenAI(base_url=f"{b.url}/v1", api_key=token, max_retries=0), messages, 2)
+            wait_until_forgotten(a)
+            assert peer_watch(a) == 1
+            chat(on_a, messages, 3)
+        finally:
+            stop(b.process)  # SIGTERM: it says GatewayLeft on its way out
+        wait_for_watch(a, 0)
+        chat(on_a, messages, 4)
+        sealed = seal(a, rollout_id)
+    finally:
+        stop(a.process)
+    calls = [e for e in asyncio.run(recorded(bus, rollout_id, 6)) if isinstance(e, ModelCall)]
+    assert_one_episode(calls, sealed)
+    assert [c.gateway_id for c in calls].count(calls[2].gateway_id) == 1  # only call 2 was served by b
+    assert "no other gateway is alive" in (tmp_path / "a.log").read_text()
+
+
+async def test_a_lone_watcher_reads_a_call_written_before_it_heard_of_the_writers_join(
+        bus: BusSettings, producer: EventProducer) -> None:
+    """The watcher stopped while alone, another gateway joined and wrote a call before this one's control log
+    said so: on resuming it reads from before that join, so the call is not passed over."""
+    rollouts, metrics, company = Rollouts(), Metrics(), Company("a", lease_s=30.0)
+    rollout_id = f"lone-{time.monotonic_ns()}"
+    rollouts.register(rollout_id, "run")
+    watch = PeerWatch(bus=bus, gateway_id="a", rollouts=rollouts, own=OwnWrites(), producer=producer,
+                      metrics=metrics, company=company)
+    task = asyncio.create_task(watch.run())
+    try:
+        await asyncio.wait_for(watch.ready.wait(), 60)
+        company.known = True  # the control log read: nobody else
+        await until(lambda: metrics.registry.get_sample_value("tether_gateway_peer_watch") == 0)
+        joined = time.time()
+        await producer.publish(replace(call(rollout_id, 0, "b"), run_id="run"))  # b's call, before a hears of b
+        await asyncio.sleep(0.5)
+        assert rollouts.find(rollout_id) is not None  # not read while stopped
+        company.joined("b", joined, now=time.time())
+        await until(lambda: rollouts.find(rollout_id) is None)  # read, and the rollout forgotten
+        assert metrics.registry.get_sample_value("tether_gateway_peer_watch") == 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        await asyncio.sleep(0.05)
 
 
 # -- the fold, pure ---------------------------------------------------------------------------------------
