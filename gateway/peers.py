@@ -13,9 +13,10 @@ This process's own calls are known by where Kafka acknowledged them
 (`Company`, from tether.control) the watcher reads everything written until
 then and stops fetching: a fetch answered for each of its own calls and the
 next one sent cost a lone gateway about half a millisecond a call at one
-client. When another joins, it reads on from just before that one's first
-GatewayJoined (its calls come after it), `PEER_CLOCK_SLACK_S` earlier for
-a clock stepped back.
+client. When another joins, it reads on from `READ_BACK_S` before that one's
+first GatewayJoined: its calls come after it, and the minute covers clocks
+that disagree (a topic stamped at append takes the broker's) and a gateway
+written off while still writing, which joins again as soon as it reads that.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from schemas.settings import BusSettings
 
 log = logging.getLogger("tether.gateway.peers")
 
-PEER_CLOCK_SLACK_S = 5.0
+READ_BACK_S = 60.0
 
 
 class PeerWatch:
@@ -97,14 +98,14 @@ class PeerWatch:
         since = self.company.arrived_since(now)
         if since is None:
             return
-        start_ms = int((since - PEER_CLOCK_SLACK_S) * 1000)
+        start_ms = int((since - READ_BACK_S) * 1000)
         for tp in consumer.assignment():
             await consumer.seek_to_time(tp, start_ms)
         consumer.resume()
         self._paused = False
         self.metrics.peer_watch.set(1)
-        log.info("another gateway is alive: tether.calls followed again from %.1f s before its first join",
-                 now - since + PEER_CLOCK_SLACK_S)
+        log.info("another gateway is alive: tether.calls followed again, from %.0f s back (%.0f s before its "
+                 "first join)", now - since + READ_BACK_S, READ_BACK_S)
 
     def _forget(self, rollout_id: str, why: str) -> None:
         if self.rollouts.forget(rollout_id):
