@@ -69,7 +69,8 @@ class ControlLoop:
             caught_up = False
             async for item in consumer.follow():
                 if isinstance(item, CaughtUp):
-                    caught_up = self.company.known = True
+                    caught_up = True
+                    self.company.history_read()
                     if pending is not None:
                         self._pause(pending)
                     await self._joined()

@@ -38,6 +38,7 @@ class Metrics:
         self.held = Gauge("tether_gateway_held_calls", "Calls waiting for a weight update", registry=r)
         self.in_flight = Gauge("tether_gateway_in_flight_calls", "Calls being served", registry=r)
         self.peer_watch = Gauge("tether_gateway_peer_watch",
-                                "1 while tether.calls is followed for other gateways' writes, 0 while none is alive",
+                                "1 while tether.calls is followed as written for other gateways' writes; 0 while none "
+                                "of the run is alive and it is read once a second",
                                 registry=r)
         self.weight_version = Gauge("tether_gateway_weight_version", "Last weight version published", registry=r)

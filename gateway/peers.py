@@ -9,14 +9,13 @@ when another gateway wrote a call for it or someone else sealed it; its next
 call restores it from the log. The window in which a stale cache can be used
 is this watcher's lag behind the log (milliseconds on a healthy cluster).
 This process's own calls are known by where Kafka acknowledged them
-(`OwnWrites`) and passed over undecoded. While no other gateway is alive
-(`Company`, from tether.control) the watcher reads everything written until
-then and stops fetching: a fetch answered for each of its own calls and the
-next one sent cost a lone gateway about half a millisecond a call at one
-client. When another joins, it reads on from `READ_BACK_S` before that one's
-first GatewayJoined: its calls come after it, and the minute covers clocks
-that disagree (a topic stamped at append takes the broker's) and a gateway
-written off while still writing, which joins again as soon as it reads that.
+(`OwnWrites`) and passed over undecoded. While no other gateway of the run is
+alive (`Company`, from tether.control) the watcher reads the topic in a batch
+every `ALONE_READ_S` instead of as it is written: following it cost a lone
+gateway a fetch answered and the next one sent for each of its own calls, about
+half a millisecond a call at one client. Every record is still read, so a
+gateway writing while invisible on tether.control (its control loop dead, say)
+is noticed within that second.
 """
 
 from __future__ import annotations
@@ -34,13 +33,14 @@ from gateway.own_writes import OwnWrites
 from gateway.rollouts import Rollouts
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer, Record
+from schemas.errors import BusError
 from schemas.events import ModelCall, RolloutSealed
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 
 log = logging.getLogger("tether.gateway.peers")
 
-READ_BACK_S = 60.0
+ALONE_READ_S = 1.0
 
 
 class PeerWatch:
@@ -52,7 +52,9 @@ class PeerWatch:
         self._consumer = EventConsumer(bus, [topics.CALLS], producer, from_beginning=False,
                                        name=f"gateway-{gateway_id}-peers")
         self.ready = asyncio.Event()  # positioned at the end of tether.calls: nothing written after is missed
-        self._paused = False
+        self._following = True  # reading records as they are written (else once a second, alone)
+        self._paused = False  # alone, between two reads
+        self._next_read = 0.0  # alone: when the paused watcher reads what was written since
         self._drain_to: dict[TopicPartition, int] | None = None  # alone: read up to here, then pause
 
     def wanted(self, record: Record) -> bool:
@@ -82,30 +84,37 @@ class PeerWatch:
                 self._forget(event.rollout_id, "it was sealed elsewhere")
 
     async def _mind(self, consumer: EventConsumer) -> None:
-        """Alone: read what is written so far, then stop fetching. Joined by another: read on from before it."""
+        """Alone: read up to the end as it was, pause, and do it again `ALONE_READ_S` later. Not alone: follow."""
         now = self._clock()
-        if not self._paused:
+        try:
             if not self.company.alone(now):
-                self._drain_to = None
-            elif self._drain_to is None:
-                self._drain_to = await consumer.end_offsets()
-            elif all([await consumer.position(tp) >= end for tp, end in self._drain_to.items()]):
-                consumer.pause()
-                self._paused, self._drain_to = True, None
-                self.metrics.peer_watch.set(0)
-                log.info("no other gateway is alive: tether.calls is not followed until one joins")
-            return
-        since = self.company.arrived_since(now)
-        if since is None:
-            return
-        start_ms = int((since - READ_BACK_S) * 1000)
-        for tp in consumer.assignment():
-            await consumer.seek_to_time(tp, start_ms)
-        consumer.resume()
-        self._paused = False
-        self.metrics.peer_watch.set(1)
-        log.info("another gateway is alive: tether.calls followed again, from %.0f s back (%.0f s before its "
-                 "first join)", now - since + READ_BACK_S, READ_BACK_S)
+                self._follow(consumer, "another gateway of the run is alive")
+            elif self._paused:
+                if now >= self._next_read:
+                    consumer.resume()
+                    self._paused = False
+            else:
+                if self._drain_to is None:
+                    self._drain_to = await consumer.end_offsets()
+                if all([await consumer.position(tp) >= end for tp, end in self._drain_to.items()]):
+                    consumer.pause()
+                    self._paused, self._drain_to, self._next_read = True, None, now + ALONE_READ_S
+                    if self._following:
+                        self._following = False
+                        self.metrics.peer_watch.set(0)
+                        log.info("no other gateway of the run is alive: tether.calls is read once a second")
+        except BusError as exc:  # back to the way that needs no more than the fetch itself
+            log.warning("the peer watcher could not find the end of tether.calls: %s", exc)
+            self._follow(consumer, "after that failure")
+
+    def _follow(self, consumer: EventConsumer, why: str) -> None:
+        if self._paused:
+            consumer.resume()
+        self._paused, self._drain_to = False, None
+        if not self._following:
+            self._following = True
+            self.metrics.peer_watch.set(1)
+            log.info("%s: tether.calls is followed as it is written", why)
 
     def _forget(self, rollout_id: str, why: str) -> None:
         if self.rollouts.forget(rollout_id):

@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from gateway.adapters import EngineKind
+from schemas.events.updates import HEARTBEAT_S, LEASE_S
 from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET, SECRET_PATTERN
 from schemas.settings import BusSettings
 
@@ -62,10 +63,11 @@ class GatewaySettings(BaseSettings):
     model_name: str | None = Field(None, description="Model name to ask the engines for; default: what they serve.")
     tool_parser: str = "hermes"
     max_hold_s: float = Field(60.0, gt=0, description="Longest a call waits for a weight update before a 503.")
-    heartbeat_s: float = Field(10.0, gt=0, description="How often GatewayJoined is repeated on tether.control: the "
-                                                      "lease by which the trainer knows this gateway is alive.")
-    peer_lease_s: float = Field(30.0, gt=0, description="How long another gateway counts as alive after its last "
-                                "GatewayJoined: while none is, this one does not follow tether.calls for their writes.")
+    heartbeat_s: float = Field(HEARTBEAT_S, gt=0, description="How often GatewayJoined is repeated on "
+                               "tether.control: the lease by which the trainer knows this gateway is alive.")
+    peer_lease_s: float = Field(LEASE_S, gt=0, description="How long another gateway of the run counts as alive after "
+                                "its last GatewayJoined: while none is, this one reads tether.calls for their writes "
+                                "once a second instead of as they are written.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     extendable_calls: int = Field(
         4, ge=0, description="How many of a rollout's latest answers a new call's record may extend (recorded as "

@@ -111,7 +111,10 @@ class EventConsumer(Lifecycle):
 
     async def end_offsets(self) -> dict[TopicPartition, int]:
         """Current end of every assigned partition: where a reader that wants 'everything so far' stops."""
-        return dict(await self._consumer.end_offsets(list(self._consumer.assignment())))
+        try:
+            return dict(await self._consumer.end_offsets(list(self._consumer.assignment())))
+        except KafkaError as exc:
+            raise self._fetch_error(exc) from exc
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
@@ -121,11 +124,12 @@ class EventConsumer(Lifecycle):
         self._consumer.assign(list(partitions))
 
     async def seek_to_time(self, partition: TopicPartition, timestamp_ms: int) -> None:
-        """Read `partition` from its first record stamped at or after `timestamp_ms`; if none is, from its end as it
-        was before the look-up, so that a record written meanwhile is not passed over."""
-        end = (await self._consumer.end_offsets([partition]))[partition]
+        """Read `partition` from its first record stamped at or after `timestamp_ms` (its end if none is)."""
         found = (await self._consumer.offsets_for_times({partition: timestamp_ms})).get(partition)
-        self._consumer.seek(partition, found.offset if found is not None else end)
+        if found is not None:
+            self._consumer.seek(partition, found.offset)
+        else:
+            self._consumer.seek(partition, (await self._consumer.end_offsets([partition]))[partition])
 
     def pause(self) -> None:
         """Fetch nothing more from the assigned partitions (a reader with nothing to read for a while); the

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.config_file import load_model
+from schemas.events.updates import LEASE_S
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class TrainerConfig(BaseModel):
                                  "version to be reported (so the round is served by that version alone), and how "
                                  "long the trainer waits after its last update for that version's round.")
     gateway_lease_s: float = Field(
-        30.0, gt=0, description="A gateway not heard from for this long (it heartbeats every 10 s by default) is "
+        LEASE_S, gt=0, description="A gateway not heard from for this long (it heartbeats every 10 s by default) is "
                                 "taken for dead while an update waits for it: written off with a GatewayLeft.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["torch", "verl"] = Field(

@@ -61,6 +61,10 @@ class UpdateAborted:
         require_aware(self, "aborted_at")
 
 
+HEARTBEAT_S = 10.0  # a gateway repeats its GatewayJoined this often, by default
+LEASE_S = 30.0  # and a gateway not heard from for this long is taken for dead, by default
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatewayJoined:
     run_id: str
