@@ -34,7 +34,7 @@ from gateway.rollouts import Rollouts
 from schemas import topics
 from schemas.consumer import CaughtUp, EventConsumer, Record
 from schemas.errors import BusError
-from schemas.events import ModelCall, RolloutSealed
+from schemas.events import Event, ModelCall, RolloutSealed
 from schemas.producer import EventProducer
 from schemas.settings import BusSettings
 
@@ -75,7 +75,7 @@ class PeerWatch:
                 if self.ready.is_set():
                     await self._mind(consumer)
 
-    def _read(self, event: object) -> None:
+    def _read(self, event: Event) -> None:
         if isinstance(event, ModelCall) and event.gateway_id != self.gateway_id:
             self._forget(event.rollout_id, f"gateway {event.gateway_id} served call {event.seq}")
         elif isinstance(event, RolloutSealed):
