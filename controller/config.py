@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.errors import ConfigError
+from infra.sandbox.policy import Limits
 from schemas.config_file import load_model
 from schemas.seeds import MAX_SEED
 
@@ -24,7 +25,39 @@ class Harness(Strict):
     workdir: Path | None = None
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment; placeholders allowed.")
     preload: list[str] = Field(default_factory=list, description=(
-        "Local runner, Python harnesses: modules to import once in a zygote that forks each rollout."))
+        "Local runner, Python harnesses, without the sandbox: modules to import once in a zygote that forks each "
+        "rollout."))
+    setup: list[str] | None = Field(None, min_length=1, description=(
+        "Local runner: argv run before the harness, in `workdir`, outside the sandbox (making the working copy, "
+        "say); placeholders allowed. A set-up that fails is a launch that failed (retried)."))
+
+
+class Sandbox(Strict):
+    """Local runner: each harness in a sandbox of its own (`infra.sandbox`). Paths are relative to
+    `harness.workdir` and take placeholders. The agent sees the system's folders and the interpreter read-only,
+    `read_only` too, its working copy read-write, and nothing else of the machine; it runs as an unprivileged
+    user, with its own processes, within `limits`, and reaches the gateway and nothing else."""
+    enabled: bool = Field(True, description="false runs each harness as the controller's user with this machine's "
+                                            "files and network: an explicit choice, logged at the run's start.")
+    workdir: str | None = Field(None, description="The working copy (read-write, the harness's directory); "
+                                                  "default harness.workdir.")
+    read_only: list[str] = Field(default_factory=list, description="What the harness needs besides the system "
+                                 "and the interpreter: its runtime (node_modules), its configuration, its script.")
+    writable: list[str] = Field(default_factory=list, description="Folders it may write besides the working copy "
+                                "(made if missing): its trajectories, say.")
+    hide: list[str] = Field(default_factory=list, description="Paths under a read_only folder it must not see.")
+    pass_env: list[str] = Field(default_factory=list, description=(
+        "Variables of the controller's environment the harness gets besides PATH, LANG, LC_*, TZ and TERM; the "
+        "rollout's own (its token, the gateway's URLs, harness.env) it always gets."))
+    uid: int | None = Field(None, ge=1, description="The user it runs as when the controller is root (default "
+                                                    "nobody, 65534); otherwise the controller's own user.")
+    limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bool(cls, value: Any) -> Any:
+        """`sandbox: false` (or true) for short."""
+        return {"enabled": value} if isinstance(value, bool) else value
 
 
 class Reward(Strict):
@@ -85,6 +118,7 @@ class RunConfig(Strict):
     sync_batch: int | None = Field(None, ge=1, description="Synchronous mode: launch this many task groups, "
                                    "wait for all of them and for the trainer's next version, repeat.")
     reward: Reward = Field(default_factory=Reward)
+    sandbox: Sandbox = Field(default_factory=Sandbox, description="Local runner: the harness's sandbox.")
     validation: Validation | None = Field(None, description="Held-out validation during training.")
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     log_dir: Path = Field(Path(".tether/runs"), description="Per-rollout logs go to LOG_DIR/RUN_ID/.")
@@ -100,6 +134,11 @@ class RunConfig(Strict):
             raise ValueError("harness.job_template is needed for the kubernetes runner")
         if self.runner == "kubernetes" and self.harness.preload:
             raise ValueError("harness.preload is for the local runner (a Job starts its own interpreter)")
+        if self.runner == "kubernetes" and self.harness.setup:
+            raise ValueError("harness.setup is for the local runner (a Job's init containers make its pod ready)")
+        if self.runner == "local" and self.sandbox.enabled and self.harness.preload:
+            raise ValueError("harness.preload forks each harness from one interpreter outside any sandbox: set "
+                             "sandbox: false with it, or drop it (a sandboxed harness starts its own interpreter)")
         return self
 
     @property

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from controller.config import Harness, RunConfig, keep_config, load_tasks
+from controller import harness_env
+from controller.config import Harness, RunConfig, Sandbox, keep_config, load_tasks
 from controller.controller import Controller, Fill, SpecOf
 from controller.errors import ConfigError
 from controller.gateway_admin import GatewayAdmin
@@ -20,6 +24,8 @@ from controller.plan import Launch, RunState
 from controller.runners.base import JobSpec, ProcessSpec, Runner, Spec
 from controller.runners.local import LocalRunner
 from controller.settings import ControllerSettings
+from infra.sandbox.errors import SandboxError
+from infra.sandbox.policy import Policy, gateway_of
 from schemas.producer import EventProducer
 
 
@@ -28,15 +34,57 @@ def _shared(spec: Spec, **changes: Any) -> dict[str, Any]:
     return {**{f.name: getattr(spec, f.name) for f in dataclasses.fields(Spec)}, **changes}
 
 
-def process_specs(harness: Harness) -> SpecOf[ProcessSpec]:
-    """Local runs: the harness's command in its workdir, the run's environment over the controller's."""
+log = logging.getLogger("tether.controller")
+
+
+def process_specs(harness: Harness, sandbox: Sandbox | None = None, gateway_url: str = "") -> SpecOf[ProcessSpec]:
+    """Local runs: the harness's command in its workdir, the rollout's environment over what it may have of the
+    controller's (`harness_env`); with `sandbox` enabled, the command run by the sandbox's launcher
+    (`python -m infra.sandbox POLICY -- COMMAND`), which reaches the gateway at `gateway_url` for it."""
     command = harness.command or []
+    here = (harness.workdir or Path.cwd()).absolute()
+
+    def path(p: str, fill_in: Fill) -> str:
+        return os.path.normpath(here / str(fill_in(p)))
 
     def make(base: Spec, fill_in: Fill) -> ProcessSpec:
-        return ProcessSpec(**_shared(base, env={**os.environ, **base.env}), argv=fill_in(command),
-                           workdir=harness.workdir)
+        argv: list[str] = fill_in(command)
+        setup = fill_in(harness.setup) if harness.setup else None
+        if sandbox is None or not sandbox.enabled:
+            return ProcessSpec(**_shared(base, env={**harness_env.unsandboxed(os.environ), **base.env}), argv=argv,
+                               workdir=harness.workdir, setup=setup)
+        policy = Policy(workdir=path(sandbox.workdir, fill_in) if sandbox.workdir else str(here),
+                        read_only=[path(p, fill_in) for p in sandbox.read_only],
+                        writable=[path(p, fill_in) for p in sandbox.writable],
+                        hide=[path(p, fill_in) for p in sandbox.hide], gateway=gateway_url, uid=sandbox.uid,
+                        limits=sandbox.limits)
+        env = {**harness_env.sandboxed(os.environ, sandbox.pass_env), **base.env}
+        return ProcessSpec(**_shared(base, env=env), workdir=harness.workdir, setup=setup,
+                           argv=[sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", *argv])
 
     return make
+
+
+def announce_sandbox(config: RunConfig, gateway_url: str) -> None:
+    """Say at the start how the run's harnesses are confined; refuse a sandbox that cannot be made here."""
+    if config.runner != "local":
+        return
+    if not config.sandbox.enabled:
+        log.warning("sandbox: off (sandbox.enabled is false in the run file): each harness runs as this user, "
+                    "with this machine's files, processes and network")
+        return
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        raise ConfigError("sandbox: bubblewrap is not installed (Debian: apt-get install bubblewrap); or set "
+                          "`sandbox: false` in the run file to run harnesses unconfined")
+    try:
+        gateway_of(gateway_url)
+    except SandboxError as exc:
+        raise ConfigError(str(exc)) from exc
+    limits = config.sandbox.limits
+    log.info("sandbox: on (bubblewrap): the working copy writable, the gateway the only address, at most "
+             "%d MB of memory, %d processes, %d MB written", limits.memory_mb, limits.processes, limits.disk_mb)
 
 
 def job_specs(template: dict[str, Any]) -> SpecOf[JobSpec]:
@@ -59,11 +107,13 @@ def job_template(config: RunConfig) -> dict[str, Any]:
     return template
 
 
-def make_runner(config: RunConfig) -> tuple[Runner[Any], SpecOf[Any]]:
-    """The run's runner, with the maker of the one kind of spec it runs (the annotations check that they match)."""
+def make_runner(config: RunConfig, gateway_url: str = "") -> tuple[Runner[Any], SpecOf[Any]]:
+    """The run's runner, with the maker of the one kind of spec it runs (the annotations check that they match).
+    `gateway_url`: how harnesses reach the gateway (a sandbox lets them reach that and nothing else)."""
     if config.runner == "local":
         local: tuple[Runner[ProcessSpec], SpecOf[ProcessSpec]] = (
-            LocalRunner(grace_s=config.grace_s, preload=config.harness.preload), process_specs(config.harness))
+            LocalRunner(grace_s=config.grace_s, preload=config.harness.preload),
+            process_specs(config.harness, config.sandbox, gateway_url))
         return local
     from controller.runners.kubernetes import KubernetesRunner
 
@@ -80,7 +130,8 @@ async def run(config: RunConfig, settings: ControllerSettings,
     tasks = load_tasks(config.dataset)
     held_out = load_tasks(config.validation.dataset) if config.validation is not None else []
     keep_config(config)
-    runner, spec_of = make_runner(config)
+    announce_sandbox(config, settings.harness_url)
+    runner, spec_of = make_runner(config, settings.harness_url)
     admin = GatewayAdmin(settings.gateway_url, settings.gateway_admin_key)
     async with EventProducer(settings.bus, client_id=f"controller-{config.run_id}") as producer:
         controller: Controller[Any] = Controller(config, settings, tasks, runner=runner, spec_of=spec_of,

@@ -4,6 +4,7 @@ the other edits the failing tests (reward 0), and the task group forms with both
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -44,13 +45,14 @@ async def test_the_example_trains_on_built_tasks_a_fix_scores_1_and_a_hack_0(
     instance = next(iter(load_instances(toolz_tasks / "private" / "instances.jsonl").values()))
     (examples / "swe" / "tasks" / "tasks.jsonl").write_text(  # one task: one group
         (toolz_tasks / "tasks.jsonl").read_text().splitlines()[0] + "\n")
-    gold = tmp_path / "gold.patch"  # what the honest rollout "works out"; outside the hidden tasks folder
-    gold.write_text(instance.gold_patch)
+    gold = base64.b64encode(instance.gold_patch.encode()).decode()  # what the honest rollout "works out"
     test_file = instance.fail_to_pass[0].split("::")[0]
     hack = "".join(f"\\n\\ndef {t.split('::')[-1]}():\\n    assert True\\n"
                    for t in instance.fail_to_pass if t.startswith(test_file))
-    command = (f'test -z "$(ls -A ../../tasks)" && case "$TETHER_ROLLOUT_ID" in *.r0.a0) git apply {gold} ;; '
-               f"*) printf '{hack}' >> {test_file} ;; esac")
+    # in its sandbox: no tasks folder, no other rollout's copy, no Tether source, an unprivileged user
+    command = (f'test ! -e ../../tasks && test "$(ls ..)" = "$TETHER_ROLLOUT_ID" && test ! -e {EXAMPLES} && '
+               f'test "$(id -u)" != 0 && case "$TETHER_ROLLOUT_ID" in '
+               f"*.r0.a0) echo {gold} | base64 -d | git apply ;; *) printf '{hack}' >> {test_file} ;; esac")
     replies = (tool_call("bash", {"command": command}),
                tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # `tether` and `mini`

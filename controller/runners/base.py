@@ -21,9 +21,11 @@ class Spec:
 
 @dataclass(frozen=True, kw_only=True)
 class ProcessSpec(Spec):
-    """A run as a local process: its argv and working directory; `env` is its whole environment."""
+    """A run as a local process: its argv and working directory; `env` is its whole environment. `setup` runs
+    first, in the same directory and environment, and must succeed for the harness to start."""
     argv: list[str]
     workdir: Path | None = None
+    setup: list[str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

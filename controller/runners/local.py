@@ -108,6 +108,8 @@ class LocalRunner:
         pid_file, exit_file = self._files(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
+        if spec.setup:
+            await self._setup(spec)
         if self.preload and _python_program(spec.argv, executable):
             write_pid_file(pid_file, await self._fork(spec, executable, exit_file))
             return
@@ -121,6 +123,20 @@ class LocalRunner:
             raise LaunchError(f"{spec.argv[0]}: cannot start: {exc}") from exc
         self._children[spec.rollout_id] = process
         write_pid_file(pid_file, process.pid)
+
+    async def _setup(self, spec: ProcessSpec) -> None:
+        """harness.setup, to its end, its output in the log: a failure is a launch that failed."""
+        assert spec.setup
+        try:
+            with spec.log_path.open("ab") as log:
+                process = await asyncio.create_subprocess_exec(
+                    *spec.setup, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                    env=spec.env, cwd=spec.workdir.absolute() if spec.workdir else None)
+                code = await process.wait()
+        except OSError as exc:
+            raise LaunchError(f"harness.setup {spec.setup[0]}: cannot start: {exc}") from exc
+        if code != 0:
+            raise LaunchError(f"harness.setup exited with {code} (its output is in {spec.log_path})")
 
     async def _fork(self, spec: ProcessSpec, interpreter: str, exit_file: Path) -> int:
         zygote = self._zygotes.get(interpreter)

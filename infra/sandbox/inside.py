@@ -22,6 +22,7 @@ way to the model. It cannot reach anything else: the network namespace has
 only loopback.
 """
 
+import contextlib
 import json
 import os
 import resource
@@ -42,10 +43,8 @@ def pump(source: socket.socket, sink: socket.socket) -> None:
         pass
     finally:
         for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-            try:
+            with contextlib.suppress(OSError):
                 end.shutdown(how)
-            except OSError:
-                pass
 
 
 def relay(client: socket.socket, path: str) -> None:

@@ -92,9 +92,9 @@ def identity(policy: Policy) -> tuple[int, int]:
 
 def give(folder: Path, uid: int, gid: int) -> None:
     """`folder` and everything in it owned by the sandbox's user (links themselves, never what they name)."""
-    for path, folders, files in os.walk(folder):
+    for parent, folders, files in os.walk(folder):
         for name in [*folders, *files]:
-            os.chown(os.path.join(path, name), uid, gid, follow_symlinks=False)
+            os.chown(os.path.join(parent, name), uid, gid, follow_symlinks=False)
     os.chown(folder, uid, gid, follow_symlinks=False)
 
 
@@ -113,9 +113,9 @@ def prepare(policy: Policy, uid: int, gid: int) -> Policy:
     if os.geteuid() == 0:
         for folder in (workdir, *writable):
             give(folder, uid, gid)
-    real = [os.path.realpath(p) for p in policy.read_only]
+    seen = [os.path.realpath(p) for p in policy.read_only]
     return policy.model_copy(update={"workdir": str(workdir), "writable": [str(p) for p in writable],
-                                     "read_only": [p for p in real if os.path.exists(p)],
+                                     "read_only": [p for p in seen if os.path.exists(p)],
                                      "hide": [os.path.realpath(p) for p in policy.hide]})
 
 
@@ -275,7 +275,7 @@ def run(policy: Policy, command: list[str]) -> int:
             if group is not None:
                 group.join()
 
-        process = subprocess.Popen(argv, env=environment(), preexec_fn=enter)  # noqa: PLW1509
+        process = subprocess.Popen(argv, env=environment(), preexec_fn=enter)
         code, reason = asyncio.run(_supervise(process, relay, policy))
         if reason is not None:
             say(reason)
