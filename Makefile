@@ -10,13 +10,17 @@ UV     := 0.13.9
 
 setup: system $(VENV)/.installed
 
-# HAProxy fronts gateway replicas (TETHER_STACK_GATEWAY_REPLICAS, and their tests): Debian's package, installed
-# here when we may (root with apt-get), else named.
+# HAProxy fronts gateway replicas (TETHER_STACK_GATEWAY_REPLICAS, and their tests); bubblewrap makes each local
+# rollout's sandbox (infra/sandbox): Debian's packages, installed here when we may (root with apt-get), else named.
 system:
 	@command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "make: installing haproxy (Debian)"; apt-get update -qq && apt-get install -y -qq haproxy >/dev/null; \
 	  else echo "make: gateway replicas need HAProxy: install it (Debian: sudo apt-get install haproxy)"; exit 1; fi; }
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make: installing bubblewrap (Debian)"; apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "make: the rollouts' sandbox needs bubblewrap: sudo apt-get install bubblewrap"; exit 1; fi; }
 
 # One resolve against the lock file (uv, no backtracking); re-runs when either file changes.
 # Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set nothing caches it later, and every

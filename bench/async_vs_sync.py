@@ -80,7 +80,7 @@ def one_run(mode: str, home: Path, model: Path, broker: KafkaBroker, args: argpa
         "run_id": run_id, "dataset": "tasks.jsonl", "group_size": k, "concurrency": b * k * 3,
         "max_groups_in_flight": b * 3 if mode == "async" else b, "timeout_s": 300, "log_dir": "rollouts",
         **({"sync_batch": b} if mode == "sync" else {}),
-        "harness": {"command": [sys.executable, str(HARNESS), "--scale", str(args.scale)]}}))
+        "harness": {"command": [sys.executable, str(HARNESS), "--scale", str(args.scale)]}, "sandbox": False}))
     env = {**os.environ, "TETHER_BUS_BOOTSTRAP_SERVERS": broker.bootstrap,
            "TETHER_CONTROLLER_GATEWAY_URL": settings.gateway_url,
            "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": settings.admin_key,

@@ -104,7 +104,7 @@ class Run:
             "harness": {"command": [sys.executable, str(HARNESS.resolve()), "--out",
                                     str(self.calls_dir.resolve() / "{rollout_id}.jsonl"), "--turns", str(a.turns),
                                     "--interval", str(a.interval), "--max-tokens", str(a.max_tokens)],
-                        "preload": ["openai"]}}))
+                        "preload": ["openai"]}, "sandbox": False}))
 
     def stop_controller(self, timeout_s: float = 90) -> bool:
         """SIGINT (it cancels the rollouts still running, then exits); killed if it has not exited within

@@ -103,7 +103,7 @@ def main() -> None:
             "run_id": f"bench-{int(time.time())}", "dataset": scratch / "tasks.jsonl",
             "group_size": args.group_size, "concurrency": args.concurrency, "max_groups_in_flight": args.tasks,
             "harness": {"command": ["true"]}, "reward": {"source": "command", "command": ["echo", "1"]},
-            "log_dir": scratch / "logs"})
+            "log_dir": scratch / "logs", "sandbox": False})
         settings = ControllerSettings(gateway_url=gateway, gateway_admin_key=ADMIN, gateway_secret=SECRET, bus=bus)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 

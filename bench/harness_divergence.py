@@ -79,8 +79,8 @@ class Harness:
             config = {"harness": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "4",
                                               "--max-tokens", str(max_tokens)]}}
         (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in self.tasks))
-        config.update(run_id=run_id, dataset="tasks.jsonl", group_size=rollouts, concurrency=2, timeout_s=900,
-                      seed=7)
+        config.update(sandbox=False, run_id=run_id, dataset="tasks.jsonl", group_size=rollouts, concurrency=2,
+                      timeout_s=900, seed=7)
         if self.name == "claude-code":
             config["harness"]["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_tokens)
         (folder / "run.yaml").write_text(yaml.safe_dump(config))

@@ -305,7 +305,9 @@ def _stack(settings: DemoSettings, stack_settings: StackSettings) -> Stack:
 
 def _start_controller(settings: DemoSettings, stack: Stack, run_dir: Path) -> subprocess.Popen[bytes]:
     """`tether controller run` on the demo's run file, the openai-SDK agent preloaded, as its own process (or
-    its own container)."""
+    its own container). Unsandboxed, said in the run file: the agent's tools are lookups in its own process (the
+    model's output runs nothing), and the zygote that saves each rollout the SDK's import forks outside any
+    sandbox."""
     from tether.image_stack import ImageStack
 
     in_image = isinstance(stack, ImageStack)
@@ -317,7 +319,8 @@ def _start_controller(settings: DemoSettings, stack: Stack, run_dir: Path) -> su
         "concurrency": settings.concurrency, "max_groups_in_flight": settings.batch_groups * 2,
         "timeout_s": 120, "log_dir": "rollouts",
         "harness": {"command": ["python" if in_image else sys.executable, str(AGENT.resolve()), "--max-turns",
-                                str(settings.max_turns), "--max-tokens", "40"], "preload": ["openai"]}, **validation}))
+                                str(settings.max_turns), "--max-tokens", "40"], "preload": ["openai"]},
+        "sandbox": False, **validation}))
     s = stack.settings
     own = {**bus, "TETHER_CONTROLLER_GATEWAY_URL": s.gateway_url, "TETHER_CONTROLLER_GATEWAY_ADMIN_KEY": s.admin_key,
            "TETHER_CONTROLLER_GATEWAY_SECRET": s.secret}

@@ -1,0 +1,288 @@
+"""Attacks from the agent's side: each runs inside a rollout's sandbox (`python -m infra.sandbox`), as a trained
+agent's shell would, and each must fail and change nothing outside the working copy.
+
+The sandbox is made as the controller makes it (the launcher, as this process's user; root in CI, so the agent
+runs as nobody). The gateway is a stand-in HTTP server on loopback; a second server on another port stands for
+everything else on the machine (the broker, another service)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller import harness_env
+from controller.config import Harness, Sandbox
+from controller.main import process_specs
+from controller.runners.base import Spec
+from infra.sandbox import cgroups
+from infra.sandbox.errors import PolicyError
+from infra.sandbox.policy import Layout, Limits, Policy, gateway_of, plan, visibility
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_FILE = Path(sys.prefix) / "pyvenv.cfg"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bubblewrap() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is not installed: `make setup` installs it (Debian: apt-get install bubblewrap)")
+
+
+class Server:
+    """An HTTP server on loopback answering every GET with its name."""
+
+    def __init__(self, name: str) -> None:
+        body = name.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[Server, Server]]:
+    gateway, other = Server("gateway"), Server("elsewhere")
+    yield gateway, other
+    gateway.close()
+    other.close()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """A run's folder as the swe example lays it out: tasks (private), two rollouts' copies."""
+    (tmp_path / "tasks" / "private").mkdir(parents=True)
+    (tmp_path / "tasks" / "private" / "instances.jsonl").write_text("the gold patch\n")
+    for rollout in ("mine", "other"):
+        (tmp_path / "work" / rollout).mkdir(parents=True)
+        (tmp_path / "work" / rollout / "code.py").write_text(f"# {rollout}\n")
+    return tmp_path
+
+
+def sandboxed(site: Path, gateway: Server, script: str, *, env: dict[str, str] | None = None,
+              timeout: float = 120, **policy: object) -> subprocess.CompletedProcess[str]:
+    """`sh -c script` as the agent, in work/mine."""
+    workdir = site / "work" / "mine"
+    spec = Policy.model_validate({"workdir": str(workdir), "gateway": f"http://127.0.0.1:{gateway.port}",
+                                  "hide": [str(site / "tasks")], **policy})
+    environ = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "infra.sandbox", spec.model_dump_json(), "--", "sh", "-c", script],
+                          cwd=workdir, env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_agent_works_in_its_copy_and_reaches_the_gateway(site: Path, servers: tuple[Server, Server]) -> None:
+    gateway, _ = servers
+    done = sandboxed(site, gateway, f"echo fixed >> code.py && id -u && {sys.executable} -c \"import urllib.request;"
+                     f"print(urllib.request.urlopen('http://127.0.0.1:{gateway.port}/').read().decode())\"")
+    assert done.returncode == 0, done.stderr
+    uid, answer = done.stdout.split()
+    assert answer == "gateway" and (uid != "0" or os.geteuid() != 0)
+    assert (site / "work" / "mine" / "code.py").read_text() == "# mine\nfixed\n"
+
+
+@pytest.mark.parametrize("target", ["grader", "venv", "interpreter", "home", "maven", "tasks", "other rollout",
+                                    "system"])
+def test_writing_outside_the_working_copy_fails_and_changes_nothing(
+        site: Path, servers: tuple[Server, Server], target: str) -> None:
+    home = Path(os.path.expanduser("~"))
+    path = {"grader": REPO / "swe" / "grade.py", "venv": VENV_FILE,
+            "interpreter": Path(os.path.realpath(sys.executable)), "home": home / ".bashrc",
+            "maven": home / ".m2" / "settings.xml", "tasks": site / "tasks" / "private" / "instances.jsonl",
+            "other rollout": site / "work" / "other" / "code.py", "system": Path("/etc/hostname")}[target]
+    before = digest(path) if path.exists() else None
+    done = sandboxed(site, servers[0], f"echo 'REWARD = 1.0' >> '{path}' || exit 3; mkdir -p '{path.parent}' && "
+                                       f"echo 'REWARD = 1.0' >> '{path}' && exit 0; exit 3")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert (digest(path) if path.exists() else None) == before
+
+
+def test_the_tasks_other_copies_and_tether_are_not_there_to_read(site: Path, servers: tuple[Server, Server]) -> None:
+    done = sandboxed(site, servers[0], f"echo tasks: $(ls -A '{site}/tasks'); echo work: $(ls -A '{site}/work'); "
+                                       f"echo tether: $(ls -A '{REPO}' 2>&1); "
+                                       "echo m2: $(ls -A ~root/.m2 2>/dev/null | wc -l); "
+                                       f"cat '{site}/tasks/private/instances.jsonl' '{REPO}/swe/grade.py' 2>&1 | "
+                                       "grep -c -e gold -e REWARD")
+    venv = [".venv"] if Path(sys.prefix).parent == REPO else []  # the interpreter's own environment, read-only
+    assert done.stdout.splitlines() == ["tasks:", "work: mine", f"tether: {' '.join(venv)}".rstrip(), "m2: 0", "0"]
+
+
+def test_mounts_cannot_be_undone_nor_privileges_regained(site: Path, servers: tuple[Server, Server]) -> None:
+    script = (f"umount '{site}/tasks' 2>/dev/null; umount -l / 2>/dev/null; "
+              "mount -o remount,rw /usr 2>/dev/null; unshare -Ur true 2>/dev/null && echo USERNS; "
+              "su -c id 2>/dev/null && echo SU; "
+              "grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status; ls /proc/1/root/ 2>/dev/null | head -1; "
+              f"ls '{site}/tasks'")
+    done = sandboxed(site, servers[0], script)
+    lines = done.stdout.split("\n")
+    assert "USERNS" not in lines and "SU" not in lines, done.stdout
+    assert [line.split()[1] for line in lines if line.startswith("Cap")] == ["0000000000000000"] * 3
+    assert lines[3:] == [""], done.stdout  # /proc/1/root unreadable, the tasks folder still empty
+
+
+def test_the_network_is_the_gateway_alone(site: Path, servers: tuple[Server, Server]) -> None:
+    gateway, other = servers
+    probe = ("import socket\n"
+             f"for host, port in [('127.0.0.1', {other.port}), ('127.0.0.1', {gateway.port}), ('10.255.255.1', 80),"
+             " ('::1', 80)]:\n"
+             "    s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)\n"
+             "    s.settimeout(2)\n"
+             "    print(host, port, s.connect_ex((host, port)) == 0)\n")
+    (site / "work" / "mine" / "probe.py").write_text(probe)
+    done = sandboxed(site, gateway, f"{sys.executable} probe.py")
+    reached = {line.split()[1]: line.split()[2] for line in done.stdout.splitlines()}
+    assert reached == {str(other.port): "False", str(gateway.port): "True", "80": "False"}, done.stdout + done.stderr
+
+
+def test_no_process_outside_the_sandbox_can_be_seen_or_signalled(site: Path, servers: tuple[Server, Server]) -> None:
+    outside = subprocess.Popen(["sleep", "60"])  # the controller, the gateway, the broker, another rollout
+    try:
+        done = sandboxed(site, servers[0], f"kill -9 {outside.pid} 1 2>/dev/null; test -e /proc/{outside.pid} && "
+                                           "echo SEEN; grep -l -a TOKEN_OF_OTHER /proc/*/environ 2>/dev/null; true",
+                         env={"TETHER_API_KEY": "mine"})
+        assert "SEEN" not in done.stdout and "environ" not in done.stdout
+        assert outside.poll() is None  # still running
+    finally:
+        outside.kill()
+        outside.wait()
+
+
+def test_another_rollouts_token_is_out_of_reach(site: Path, servers: tuple[Server, Server]) -> None:
+    """Two rollouts at once: the second reads every process and file it can find for the first's token."""
+    (site / "work" / "other" / ".ready").unlink(missing_ok=True)
+    gateway = servers[0]
+    policy = Policy(workdir=str(site / "work" / "other"), gateway=f"http://127.0.0.1:{gateway.port}")
+    first = subprocess.Popen([sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", "sh", "-c",
+                              "touch .ready; sleep 30"], cwd=site / "work" / "other",
+                             env={"PATH": os.environ["PATH"], "OPENAI_API_KEY": "tr2.first-rollouts-token"})
+    try:
+        deadline = time.monotonic() + 30
+        while not (site / "work" / "other" / ".ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (site / "work" / "mine" / "pattern").write_text("first-rollouts-token\n")  # not in any command line
+        done = sandboxed(site, gateway, "cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
+                                        "grep -c -f pattern; grep -rs -f pattern / --exclude-dir=proc "
+                                        "--exclude-dir=sys -l | grep -v pattern | head -3; true",
+                         env={"OPENAI_API_KEY": "tr2.mine"})
+        assert done.stdout.split() == ["0"], done.stdout
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+
+
+def test_processes_are_bounded_per_sandbox_and_the_machine_keeps_its_own(
+        site: Path, servers: tuple[Server, Server]) -> None:
+    bomb = ("import os, time\nn = 0\nfor _ in range(200):\n    try:\n        pid = os.fork()\n"
+            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(20)\n        os._exit(0)\n"
+            "    n += 1\nprint(n)\n")
+    (site / "work" / "mine" / "bomb.py").write_text(bomb)
+    done = sandboxed(site, servers[0], f"{sys.executable} bomb.py", limits={"processes": 48})
+    assert 30 <= int(done.stdout.split()[-1]) < 48, done.stdout + done.stderr
+    assert subprocess.run(["true"], check=False).returncode == 0  # the machine forks as before
+
+
+def test_memory_is_bounded_for_the_whole_sandbox(site: Path, servers: tuple[Server, Server]) -> None:
+    group, how = cgroups.make(f"tether-probe-{os.getpid()}", 64, 64)
+    if group is None:
+        pytest.fail(f"no cgroup here to bound memory with: {how}")
+    group.remove()
+    hog = f"{sys.executable} -c \"b = bytearray(512 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); print('ALL')\""
+    done = sandboxed(site, servers[0], hog, limits={"memory_mb": 128})
+    assert "ALL" not in done.stdout and done.returncode != 0
+    assert "memory limit" in done.stderr or done.returncode in (137, 128 + 9), done.stderr
+
+
+def test_disk_is_bounded_in_the_copy_and_in_scratch(site: Path, servers: tuple[Server, Server]) -> None:
+    scratch = sandboxed(site, servers[0], "for i in 1 2 3 4 5 6; do head -c 4000000 /dev/zero > /tmp/f$i || "
+                                          "echo FULL; done; dd if=/dev/zero of=big bs=1M count=64 || echo TOO-LARGE",
+                        limits={"tmp_mb": 16, "file_mb": 8, "disk_mb": 1024})
+    assert "FULL" in scratch.stdout and "TOO-LARGE" in scratch.stdout, scratch.stdout
+    assert (site / "work" / "mine" / "big").stat().st_size <= 8 * 1024 * 1024
+    filler = "i=0; while [ $i -lt 400 ]; do head -c 4000000 /dev/zero > f$i || exit 9; i=$((i+1)); sleep 0.02; done"
+    done = sandboxed(site, servers[0], filler, limits={"disk_mb": 40, "file_mb": 8})
+    assert done.returncode == 137 and "past the limits" in done.stderr, (done.returncode, done.stderr)
+    written = sum(p.stat().st_size for p in (site / "work" / "mine").iterdir())
+    assert written < 400 * 4_000_000 // 2  # stopped well before the agent was done
+
+
+def test_the_controller_gives_a_sandboxed_harness_none_of_its_secrets(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TETHER_CONTROLLER_GATEWAY_SECRET", "TETHER_GATEWAY_ADMIN_KEY", "TETHER_BUS_PASSWORD", "AWS_TOKEN"):
+        monkeypatch.setenv(name, "secret")
+    base = Spec(rollout_id="r.t.r0.a0", run_id="r", task_id="t", attempt=0, env={"OPENAI_API_KEY": "mine"},
+                log_path=tmp_path / "r.log")
+    harness = Harness(command=["agent", "{rollout_id}"], workdir=tmp_path, setup=["mkdir", "work/{rollout_id}"])
+    spec = process_specs(harness, Sandbox(workdir="work/{rollout_id}"), "http://127.0.0.1:8000")(
+        base, lambda obj: json.loads(json.dumps(obj).replace("{rollout_id}", base.rollout_id)))
+    assert spec.env["OPENAI_API_KEY"] == "mine" and not {k for k in spec.env if "secret" in spec.env[k]}
+    assert spec.setup == ["mkdir", "work/r.t.r0.a0"] and spec.argv[-2:] == ["agent", "r.t.r0.a0"]
+    assert Policy.model_validate_json(spec.argv[3]).workdir == str(tmp_path / "work" / "r.t.r0.a0")
+    loose = process_specs(harness, Sandbox(enabled=False))(base, lambda obj: obj)
+    assert "AWS_TOKEN" in loose.env and not {k for k in loose.env if k.startswith(harness_env.SECRET_PREFIXES)}
+
+
+def test_a_gateway_the_sandbox_cannot_stand_for_is_refused() -> None:
+    assert gateway_of("http://gateway.tether:8000").name == "gateway.tether"
+    assert gateway_of("https://[::1]/v1").listen == ("::1",) and gateway_of("https://[::1]/v1").port == 443
+    for url in ("http://10.0.0.5:8000", "ftp://127.0.0.1", "http://:80"):
+        with pytest.raises(PolicyError):
+            gateway_of(url)
+
+
+# -- the plan, held to its rules: writable over hidden over read-only, and nothing unnamed -------------------
+
+segment = st.sampled_from(["a", "b", "c", "work", "tasks"])
+paths = st.lists(segment, min_size=1, max_size=4).map(lambda parts: "/data/" + "/".join(parts))
+
+
+@given(read_only=st.lists(paths, max_size=4), hide=st.lists(paths, max_size=3),
+       writable=st.lists(paths, max_size=3), workdir=paths, probe=paths)
+def test_a_path_is_seen_as_the_policy_says(read_only: list[str], hide: list[str], writable: list[str],
+                                          workdir: str, probe: str) -> None:
+    policy = Policy(workdir=workdir, read_only=read_only, hide=hide, writable=writable, gateway="http://127.0.0.1:1",
+                    limits=Limits())
+    mounts = plan(policy, Layout(system=(("/usr", None), ("/bin", "usr/bin")), interpreter=("/opt/python",)))
+
+    def under(p: str, roots: list[str]) -> bool:
+        return any(p == r or p.startswith(r + "/") for r in roots)
+
+    seen = visibility(mounts, probe)
+    if under(probe, [workdir, *writable]):
+        assert seen == "writable"
+    elif under(probe, hide):
+        assert seen == "empty"
+    elif under(probe, read_only):
+        assert seen == "read-only"
+    else:
+        assert seen == "absent"
+    assert visibility(mounts, "/opt/python/lib") == "read-only" and visibility(mounts, "/root") == "absent"
