@@ -49,8 +49,8 @@ class Sandbox(Strict):
     pass_env: list[str] = Field(default_factory=list, description=(
         "Variables of the controller's environment the harness gets besides PATH, LANG, LC_*, TZ and TERM; the "
         "rollout's own (its token, the gateway's URLs, harness.env) it always gets."))
-    uid: int | None = Field(None, ge=1, description="The user it runs as when the controller is root (default "
-                                                    "nobody, 65534); otherwise the controller's own user.")
+    uid: int | None = Field(None, ge=1000, description="When the controller is root: the first of the users its "
+                            "sandboxes run as, one each (default 2100000000 on); otherwise the controller's own user.")
     limits: Limits = Field(default_factory=Limits)
 
     @model_validator(mode="before")
@@ -136,6 +136,9 @@ class RunConfig(Strict):
             raise ValueError("harness.preload is for the local runner (a Job starts its own interpreter)")
         if self.runner == "kubernetes" and self.harness.setup:
             raise ValueError("harness.setup is for the local runner (a Job's init containers make its pod ready)")
+        if self.runner == "local" and self.sandbox.enabled and not (self.sandbox.workdir or self.harness.workdir):
+            raise ValueError("sandbox: name the agent's working copy (sandbox.workdir, or harness.workdir): it is "
+                             "the one folder the agent may write")
         if self.runner == "local" and self.sandbox.enabled and self.harness.preload:
             raise ValueError("harness.preload forks each harness from one interpreter outside any sandbox: set "
                              "sandbox: false with it, or drop it (a sandboxed harness starts its own interpreter)")

@@ -27,6 +27,7 @@ from controller.settings import ControllerSettings
 from infra.sandbox.errors import SandboxError
 from infra.sandbox.policy import Policy, gateway_of
 from schemas.producer import EventProducer
+from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
 
 
 def _shared(spec: Spec, **changes: Any) -> dict[str, Any]:
@@ -37,10 +38,12 @@ def _shared(spec: Spec, **changes: Any) -> dict[str, Any]:
 log = logging.getLogger("tether.controller")
 
 
-def process_specs(harness: Harness, sandbox: Sandbox | None = None, gateway_url: str = "") -> SpecOf[ProcessSpec]:
+def process_specs(harness: Harness, sandbox: Sandbox | None = None, gateway_url: str = "",
+                  hidden: tuple[Path, ...] = ()) -> SpecOf[ProcessSpec]:
     """Local runs: the harness's command in its workdir, the rollout's environment over what it may have of the
     controller's (`harness_env`); with `sandbox` enabled, the command run by the sandbox's launcher
-    (`python -m infra.sandbox POLICY -- COMMAND`), which reaches the gateway at `gateway_url` for it."""
+    (`python -m infra.sandbox POLICY -- COMMAND`), which reaches the gateway at `gateway_url` for it, with
+    `hidden` (the run's logs) out of its sight wherever they lie."""
     command = harness.command or []
     here = (harness.workdir or Path.cwd()).absolute()
 
@@ -56,8 +59,8 @@ def process_specs(harness: Harness, sandbox: Sandbox | None = None, gateway_url:
         policy = Policy(workdir=path(sandbox.workdir, fill_in) if sandbox.workdir else str(here),
                         read_only=[path(p, fill_in) for p in sandbox.read_only],
                         writable=[path(p, fill_in) for p in sandbox.writable],
-                        hide=[path(p, fill_in) for p in sandbox.hide], gateway=gateway_url, uid=sandbox.uid,
-                        limits=sandbox.limits)
+                        hide=[*(path(p, fill_in) for p in sandbox.hide), *(str(h.absolute()) for h in hidden)],
+                        gateway=gateway_url, limits=sandbox.limits, **({"uid": sandbox.uid} if sandbox.uid else {}))
         env = {**harness_env.sandboxed(os.environ, sandbox.pass_env), **base.env}
         return ProcessSpec(**_shared(base, env=env), workdir=harness.workdir, setup=setup,
                            argv=[sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", *argv])
@@ -65,8 +68,9 @@ def process_specs(harness: Harness, sandbox: Sandbox | None = None, gateway_url:
     return make
 
 
-def announce_sandbox(config: RunConfig, gateway_url: str) -> None:
+def announce_sandbox(config: RunConfig, settings: ControllerSettings) -> None:
     """Say at the start how the run's harnesses are confined; refuse a sandbox that cannot be made here."""
+    gateway_url = settings.harness_url
     if config.runner != "local":
         return
     if not config.sandbox.enabled:
@@ -82,9 +86,15 @@ def announce_sandbox(config: RunConfig, gateway_url: str) -> None:
         gateway_of(gateway_url)
     except SandboxError as exc:
         raise ConfigError(str(exc)) from exc
+    if DEVELOPMENT_SECRET in (settings.gateway_secret, settings.gateway_admin_key) or \
+            DEVELOPMENT_ADMIN_KEY in (settings.gateway_secret, settings.gateway_admin_key):
+        log.warning("sandbox: the gateway's development secret or admin key is in use; both are public (Tether's "
+                    "source), and the sandbox lets the agent reach the gateway: it could mint any rollout's token. "
+                    "Set TETHER_GATEWAY_SECRET and TETHER_GATEWAY_ADMIN_KEY (and the controller's) to your own")
     limits = config.sandbox.limits
     log.info("sandbox: on (bubblewrap): the working copy writable, the gateway the only address, at most "
-             "%d MB of memory, %d processes, %d MB written", limits.memory_mb, limits.processes, limits.disk_mb)
+             "%d MB of memory, %d processes, %d MB in the working copy", limits.memory_mb, limits.processes,
+             limits.disk_mb)
 
 
 def job_specs(template: dict[str, Any]) -> SpecOf[JobSpec]:
@@ -113,7 +123,7 @@ def make_runner(config: RunConfig, gateway_url: str = "") -> tuple[Runner[Any], 
     if config.runner == "local":
         local: tuple[Runner[ProcessSpec], SpecOf[ProcessSpec]] = (
             LocalRunner(grace_s=config.grace_s, preload=config.harness.preload),
-            process_specs(config.harness, config.sandbox, gateway_url))
+            process_specs(config.harness, config.sandbox, gateway_url, (config.log_dir,)))
         return local
     from controller.runners.kubernetes import KubernetesRunner
 
@@ -130,7 +140,7 @@ async def run(config: RunConfig, settings: ControllerSettings,
     tasks = load_tasks(config.dataset)
     held_out = load_tasks(config.validation.dataset) if config.validation is not None else []
     keep_config(config)
-    announce_sandbox(config, settings.harness_url)
+    announce_sandbox(config, settings)
     runner, spec_of = make_runner(config, settings.harness_url)
     admin = GatewayAdmin(settings.gateway_url, settings.gateway_admin_key)
     async with EventProducer(settings.bus, client_id=f"controller-{config.run_id}") as producer:

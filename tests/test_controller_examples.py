@@ -35,8 +35,9 @@ async def test_the_openai_agent_example(bus: BusSettings, scripted_gateway: Runn
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "q1", "question": "What is x?", "answer": "42"}) + "\n")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         "run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "timeout_s": 60,
-        "harness": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "3"]},
-        "sandbox": {"read_only": [str(EXAMPLES / "openai_agent.py")]}}))
+        "harness": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "3"],
+                    "setup": ["mkdir", "-p", "work/{rollout_id}"], "workdir": "."},
+        "sandbox": {"workdir": "work/{rollout_id}", "read_only": [str(EXAMPLES / "openai_agent.py")]}}))
     view = await run(load_config(tmp_path / "run.yaml"), controller_settings(bus, scripted_gateway))
     assert len(view.rollouts) == 2
     for state in view.rollouts.values():

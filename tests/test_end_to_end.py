@@ -79,8 +79,9 @@ def test_the_stack_trains_unmodified_harnesses(own_broker: KafkaBroker, tiny_mod
                                                                      "answer": "7"}]))
         (tmp_path / "run.yaml").write_text(yaml.safe_dump({
             "run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "concurrency": 4, "timeout_s": 120,
-            "harness": {"command": [sys.executable, str(AGENT), "--max-turns", "2", "--max-tokens", "16"]},
-            "sandbox": {"read_only": [str(AGENT)]},
+            "harness": {"command": [sys.executable, str(AGENT), "--max-turns", "2", "--max-tokens", "16"],
+                        "setup": ["mkdir", "-p", "work/{rollout_id}"], "workdir": "."},
+            "sandbox": {"workdir": "work/{rollout_id}", "read_only": [str(AGENT)]},
             "validation": {"dataset": "held_out.jsonl", "every": 2}}))
         controller = ControllerSettings(gateway_url=settings.gateway_url, gateway_admin_key=settings.admin_key,
                                         gateway_secret=settings.secret, bus=bus)

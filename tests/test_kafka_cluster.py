@@ -271,8 +271,9 @@ def test_the_stack_trains_through_the_secured_cluster_each_service_as_its_own_us
         (tmp_path / "tasks.jsonl").write_text("".join(f"{json.dumps(t)}\n" for t in tasks))
         (tmp_path / "run.yaml").write_text(yaml.safe_dump({
             "run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "concurrency": 4, "timeout_s": 120,
-            "harness": {"command": [sys.executable, str(agent), "--max-turns", "2", "--max-tokens", "8"]},
-            "sandbox": {"read_only": [str(agent)]}}))
+            "harness": {"command": [sys.executable, str(agent), "--max-turns", "2", "--max-tokens", "8"],
+                        "setup": ["mkdir", "-p", "work/{rollout_id}"], "workdir": "."},
+            "sandbox": {"workdir": "work/{rollout_id}", "read_only": [str(agent)]}}))
         controller = ControllerSettings(gateway_url=settings.gateway_url, gateway_admin_key=settings.admin_key,
                                         gateway_secret=settings.secret, bus=service(cluster, "controller"))
         view = asyncio.run(run(load_config(tmp_path / "run.yaml"), controller))

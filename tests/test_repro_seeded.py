@@ -56,8 +56,9 @@ def _run_file(folder: Path, run_id: str, seed: int, tasks: list[dict[str, str]])
     (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     (folder / "run.yaml").write_text(yaml.safe_dump({
         "run_id": run_id, "dataset": "tasks.jsonl", "group_size": 3, "timeout_s": 120, "seed": seed,
-        "sandbox": {"read_only": [str(EXAMPLES / "openai_agent.py")]},
-        "harness": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "3",
+        "sandbox": {"workdir": "work/{rollout_id}", "read_only": [str(EXAMPLES / "openai_agent.py")]},
+        "harness": {"setup": ["mkdir", "-p", "work/{rollout_id}"], "workdir": ".",
+                    "command": [sys.executable, str(EXAMPLES / "openai_agent.py"), "--max-turns", "3",
                                 "--max-tokens", "24"]}}))
     return folder / "run.yaml"
 

@@ -222,17 +222,77 @@ def test_memory_is_bounded_for_the_whole_sandbox(site: Path, servers: tuple[Serv
     assert "memory limit" in done.stderr or done.returncode in (137, 128 + 9), done.stderr
 
 
-def test_disk_is_bounded_in_the_copy_and_in_scratch(site: Path, servers: tuple[Server, Server]) -> None:
-    scratch = sandboxed(site, servers[0], "for i in 1 2 3 4 5 6; do head -c 4000000 /dev/zero > /tmp/f$i || "
-                                          "echo FULL; done; dd if=/dev/zero of=big bs=1M count=64 || echo TOO-LARGE",
-                        limits={"tmp_mb": 16, "file_mb": 8, "disk_mb": 1024})
-    assert "FULL" in scratch.stdout and "TOO-LARGE" in scratch.stdout, scratch.stdout
-    assert (site / "work" / "mine" / "big").stat().st_size <= 8 * 1024 * 1024
-    filler = "i=0; while [ $i -lt 400 ]; do head -c 4000000 /dev/zero > f$i || exit 9; i=$((i+1)); sleep 0.02; done"
-    done = sandboxed(site, servers[0], filler, limits={"disk_mb": 40, "file_mb": 8})
-    assert done.returncode == 137 and "past the limits" in done.stderr, (done.returncode, done.stderr)
-    written = sum(p.stat().st_size for p in (site / "work" / "mine").iterdir())
-    assert written < 400 * 4_000_000 // 2  # stopped well before the agent was done
+def test_disk_is_bounded_when_written_and_the_machine_never_sees_more(site: Path,
+                                                                      servers: tuple[Server, Server]) -> None:
+    """The working copy is a tmpfs of disk_mb, copied back at the end: a burst (fallocate), a file held open after
+    its unlinking, a tree too deep to walk, none of them reach the machine's disk beyond the limit."""
+    script = ("for i in 1 2 3 4 5 6; do head -c 4000000 /dev/zero > /tmp/f$i || echo TMP-FULL; done; "
+              "dd if=/dev/zero of=big bs=1M count=64 2>/dev/null || echo TOO-LARGE; rm -f big; "
+              "fallocate -l 200M burst 2>/dev/null || echo BURST-REFUSED; rm -f burst; "
+              "exec 3>held; rm held; head -c 30000000 /dev/zero >&3 || echo HELD-FULL; "
+              "d=.; for i in $(seq 30); do d=$d/$(printf %0200d 0); done; mkdir -p $d && "
+              "head -c 8000000 /dev/zero > $d/deep || echo DEEP-FULL; echo done")
+    done = sandboxed(site, servers[0], script, limits={"tmp_mb": 16, "file_mb": 8, "disk_mb": 24})
+    said = done.stdout.split()
+    assert said[0] == "TMP-FULL" and said[-5:] == ["TOO-LARGE", "BURST-REFUSED", "HELD-FULL", "DEEP-FULL", "done"], \
+        done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr  # the deep tree came back too
+    du = subprocess.run(["du", "-sb", str(site / "work" / "mine")], capture_output=True, text=True, check=True)
+    assert int(du.stdout.split()[0]) <= 24 * 1024 * 1024  # (du walks a tree too deep for a path)
+
+
+def test_the_agent_s_work_comes_back_as_files_and_nothing_else(site: Path, servers: tuple[Server, Server]) -> None:
+    (site / "work" / "mine" / "gone.py").write_text("deleted by the agent\n")
+    (site / "work" / "mine" / "read-only").mkdir()
+    (site / "work" / "mine" / "read-only" / "kept").write_text("kept\n")
+    (site / "work" / "mine" / "read-only").chmod(0o555)
+    done = sandboxed(site, servers[0], "rm gone.py && mkfifo pipe && ln -s /etc/shadow shadow && mkdir -p a/b && "
+                                       "echo new > a/b/new.py && chmod 4755 a/b/new.py && echo ok")
+    assert done.stdout == "ok\n" and done.returncode == 0, done.stderr
+    mine = site / "work" / "mine"
+    assert sorted(p.name for p in mine.iterdir()) == ["a", "code.py", "read-only", "shadow"]
+    new = mine / "a" / "b" / "new.py"
+    assert new.read_text() == "new\n" and not new.stat().st_mode & 0o4000
+    assert os.readlink(mine / "shadow") == "/etc/shadow" and (mine / "read-only" / "kept").read_text() == "kept\n"
+
+
+def test_a_hard_link_out_of_the_working_copy_keeps_its_owner(site: Path, servers: tuple[Server, Server]) -> None:
+    """A set-up that hard-links files (git clone of a local repository, uv, cp -al): the sandbox's user gets the
+    working copy's name for the file, not the file that the tasks folder shares."""
+    shared = site / "tasks" / "private" / "instances.jsonl"
+    os.link(shared, site / "work" / "mine" / "linked.jsonl")
+    owner = shared.stat().st_uid
+    done = sandboxed(site, servers[0], "echo forged >> linked.jsonl && echo ok")
+    assert done.stdout == "ok\n" and shared.read_text() == "the gold patch\n" and shared.stat().st_uid == owner
+
+
+def test_a_working_copy_holding_what_the_agent_may_only_read_is_refused(
+        site: Path, servers: tuple[Server, Server]) -> None:
+    """The working copy left to the default of a process started in the project: it holds the interpreter's
+    environment. Refused before anything is touched: no owner changes."""
+    venv = site / "work" / "mine" / "venv"
+    (venv / "bin").mkdir(parents=True)
+    owner = venv.stat().st_uid
+    done = sandboxed(site, servers[0], "echo reached", read_only=[str(venv)])
+    assert done.returncode == 125 and "reached" not in done.stdout and "holds" in done.stderr
+    assert venv.stat().st_uid == owner and (site / "work" / "mine").stat().st_uid == owner
+    hidden = sandboxed(site, servers[0], "echo reached", hide=[str(site / "work")], writable=[str(site / "work")])
+    assert hidden.returncode == 125 and "reached" not in hidden.stdout
+
+
+def test_two_sandboxes_at_once_are_two_users(site: Path, servers: tuple[Server, Server]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root hands out users; as another user every sandbox is that user")
+    gateway = servers[0]
+    policy = Policy(workdir=str(site / "work" / "other"), gateway=f"http://127.0.0.1:{gateway.port}")
+    first = subprocess.Popen([sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", "sh", "-c",
+                              "id -u > uid; sleep 5"], cwd=site / "work" / "other", env={"PATH": os.environ["PATH"]})
+    try:
+        time.sleep(1.5)
+        done = sandboxed(site, gateway, "id -u; keyctl show @s 2>/dev/null | grep -c tether-probe")
+    finally:
+        first.wait(30)
+    assert done.stdout.split()[0] != (site / "work" / "other" / "uid").read_text().strip()
 
 
 def test_the_controller_gives_a_sandboxed_harness_none_of_its_secrets(tmp_path: Path,
@@ -246,7 +306,8 @@ def test_the_controller_gives_a_sandboxed_harness_none_of_its_secrets(tmp_path: 
         base, lambda obj: json.loads(json.dumps(obj).replace("{rollout_id}", base.rollout_id)))
     assert spec.env["OPENAI_API_KEY"] == "mine" and not {k for k in spec.env if "secret" in spec.env[k]}
     assert spec.setup == ["mkdir", "work/r.t.r0.a0"] and spec.argv[-2:] == ["agent", "r.t.r0.a0"]
-    assert Policy.model_validate_json(spec.argv[3]).workdir == str(tmp_path / "work" / "r.t.r0.a0")
+    policy = Policy.model_validate_json(spec.argv[3])
+    assert policy.workdir == str(tmp_path / "work" / "r.t.r0.a0")
     loose = process_specs(harness, Sandbox(enabled=False))(base, lambda obj: obj)
     assert "AWS_TOKEN" in loose.env and not {k for k in loose.env if k.startswith(harness_env.SECRET_PREFIXES)}
 
@@ -271,11 +332,18 @@ def test_a_path_is_seen_as_the_policy_says(read_only: list[str], hide: list[str]
                                           workdir: str, probe: str) -> None:
     policy = Policy(workdir=workdir, read_only=read_only, hide=hide, writable=writable, gateway="http://127.0.0.1:1",
                     limits=Limits())
-    mounts = plan(policy, Layout(system=(("/usr", None), ("/bin", "usr/bin")), interpreter=("/opt/python",)))
 
     def under(p: str, roots: list[str]) -> bool:
         return any(p == r or p.startswith(r + "/") for r in roots)
 
+    layout = Layout(system=(("/usr", None), ("/bin", "usr/bin")), interpreter=("/opt/python",))
+    mine = [workdir, *writable]
+    try:
+        mounts = plan(policy, layout)
+    except PolicyError:  # refused only where a writable folder holds another, or a path the agent must only read
+        assert any(under(a, [b]) for a in mine for b in mine if a is not b) or \
+            any(under(p, mine) for p in [*read_only, *hide])
+        return
     seen = visibility(mounts, probe)
     if under(probe, [workdir, *writable]):
         assert seen == "writable"

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 V2_ROOT = Path("/sys/fs/cgroup")
-V1_ROOTS = {"memory": Path("/sys/fs/cgroup/memory"), "pids": Path("/sys/fs/cgroup/pids")}
+V1_ROOTS = {"memory": Path("/sys/fs/cgroup/memory"), "pids": Path("/sys/fs/cgroup/pids"),
+            "cpu": Path("/sys/fs/cgroup/cpu")}
+PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def _write(folder: Path, name: str, value: str) -> bool:
         return False
 
 
-def _v2(name: str, memory: int, processes: int) -> Cgroup | None:
+def _v2(name: str, memory: int, processes: int, cpus: float | None) -> Cgroup | None:
     own = _own_groups().get("")
     if own is None or not (V2_ROOT / "cgroup.controllers").exists():
         return None
@@ -86,26 +88,30 @@ def _v2(name: str, memory: int, processes: int) -> Cgroup | None:
         enabled = (parent / "cgroup.subtree_control").read_text().split()
     except OSError:
         return None
-    if not {"memory", "pids"} <= set(enabled):
+    if not {"memory", "pids", *(["cpu"] if cpus else [])} <= set(enabled):
         return None
     folder = parent / name
     try:
         folder.mkdir()
     except OSError:
         return None
-    if all(_write(folder, k, v) for k, v in (("memory.max", str(memory)), ("memory.swap.max", "0"),
-                                            ("pids.max", str(processes)))):
+    settings = [("memory.max", str(memory)), ("memory.swap.max", "0"), ("pids.max", str(processes))]
+    if cpus:
+        settings.append(("cpu.max", f"{int(cpus * PERIOD_US)} {PERIOD_US}"))
+    if all(_write(folder, k, v) for k, v in settings):
         return Cgroup((folder,))
     Cgroup((folder,)).remove(0)
     return None
 
 
-def _v1(name: str, memory: int, processes: int) -> Cgroup | None:
+def _v1(name: str, memory: int, processes: int, cpus: float | None) -> Cgroup | None:
     own = _own_groups()
     made: list[Path] = []
     # swap accounting is optional in v1 (the memsw file exists only with it): where it exists it is bounded too
     wanted = {"memory": [("memory.limit_in_bytes", str(memory)), ("memory.memsw.limit_in_bytes", str(memory))],
               "pids": [("pids.max", str(processes))]}
+    if cpus:
+        wanted["cpu"] = [("cpu.cfs_period_us", str(PERIOD_US)), ("cpu.cfs_quota_us", str(int(cpus * PERIOD_US)))]
     for controller, settings in wanted.items():
         root = V1_ROOTS[controller]
         if controller not in own or not (root / "cgroup.procs").exists():
@@ -125,14 +131,14 @@ def _v1(name: str, memory: int, processes: int) -> Cgroup | None:
     return None
 
 
-def make(name: str, memory_mb: int, processes: int) -> tuple[Cgroup | None, str]:
+def make(name: str, memory_mb: int, processes: int, cpus: float | None = None) -> tuple[Cgroup | None, str]:
     """A new group `name` with the limits, and how it was made (or why none could be)."""
     memory = memory_mb * 1024 * 1024
-    found = _v2(name, memory, processes)
+    found = _v2(name, memory, processes, cpus)
     if found is not None:
         return found, "cgroup v2"
-    found = _v1(name, memory, processes)
+    found = _v1(name, memory, processes, cpus)
     if found is not None:
         return found, "cgroup v1"
     return None, ("no cgroup could be made here (cgroup v2 without the memory and pids controllers delegated, "
-                  "and no writable v1 hierarchies): memory is not bounded, processes only by their rlimit")
+                  "and no writable v1 hierarchies): memory and CPU are not bounded, processes only by their rlimit")
