@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import load_config
+from controller.config import RunConfig, load_config
 from controller.main import run
 from schemas.events import ModelCall, TaskGroup
 from schemas.samples import unique_groups
@@ -89,7 +89,7 @@ async def test_the_cli_runs_a_tool_and_its_episode_is_recorded_grouped_and_repla
     task = {**json.loads((EXAMPLES / cli.example / "tasks.jsonl").read_text().splitlines()[0])}
     task["id"] = f"{cli.example}-{task['id']}"  # one run for both CLIs: a task of each
     (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
-    config = load_config(tmp_path / "run.yaml").model_copy(update={"run_id": cli_run})
+    config = in_place(load_config(tmp_path / "run.yaml")).model_copy(update={"run_id": cli_run})
     with scripted(bus, tiny_model, tmp_path, cli.replies, cli_run) as gw:
         view = await run(config, controller_settings(bus, gw))
         assert_none_refused(gw)
@@ -137,7 +137,7 @@ async def test_the_cli_s_whole_prompt_goes_through_the_tiny_model_and_is_recorde
     task = {**json.loads((EXAMPLES / cli.example / "tasks.jsonl").read_text().splitlines()[0])}
     task["id"] = f"tiny-{cli.example}-{task['id']}"
     (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
-    config = load_config(tmp_path / "run.yaml")
+    config = in_place(load_config(tmp_path / "run.yaml"))
     harness = config.harness.model_copy(update={"env": {**config.harness.env, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "48"}})
     config = config.model_copy(update={"run_id": cli_run, "group_size": 1, "harness": harness})
     with gateway(bus, engine, model, tmp_path / "gateway.log", cli_run) as gw:
@@ -158,6 +158,12 @@ async def test_the_cli_s_whole_prompt_goes_through_the_tiny_model_and_is_recorde
     else:
         assert (state.finished.status, state.finished.reward) == ("succeeded", 0.0), log[-3000:]
         assert [(r.rollout_id, r.reward) for r in group.rollouts] == [(rid, 0.0)]
+
+
+def in_place(config: RunConfig) -> RunConfig:
+    """The example's run file copied away from examples/: its sandbox's CLIs where `make harnesses` put them."""
+    read_only = [str(NPM_BIN.parent) if p == "../npm/node_modules" else p for p in config.sandbox.read_only]
+    return config.model_copy(update={"sandbox": config.sandbox.model_copy(update={"read_only": read_only})})
 
 
 def assert_none_refused(gw: RunningGateway) -> None:
