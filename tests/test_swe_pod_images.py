@@ -1,7 +1,8 @@
 """A coding task's pod, its three steps run in their own images (infra/images: tether-swe-tasks, tether-swe-agent)
 as examples/swe/job-template.yaml fills them: the checkout into a folder shared as the pod's emptyDir; the real
 mini-swe-agent in the agent's image, calling a gateway on the host; the grade with the working copy read-only.
-No cluster here: podman runs each step with the pod's user, mounts and `allowPrivilegeEscalation: false`.
+No cluster here: podman runs each step with the pod's user, mounts (the emptyDir /tmp a tmpfs), read-only root
+filesystem, dropped capabilities and `allowPrivilegeEscalation: false`.
 
 What it holds: the agent's container has no tasks, no grading data and no Tether to read; the grade runs the
 change's tests in its jail there (hidden, isolated), an honest fix scores 1 and edited tests 0, and the
@@ -76,11 +77,16 @@ def _podman(image: str, container: dict[str, Any], work: Path, *, network: str =
             env: dict[str, str] | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     """One step of the pod, as the template has it: its command in its image, as the pod's user, the working copy
     at /work (read-only where its mount is), its securityContext's privileges and /proc."""
-    (mount,) = container["volumeMounts"]
-    assert mount["mountPath"] == "/work"
+    mount, *scratch = container["volumeMounts"]
+    assert mount["mountPath"] == "/work" and all(m["name"] == "tmp" for m in scratch)
     security = container.get("securityContext") or {}
     args = ["podman", "run", "--rm", "--network", network, *limits(), "--user", f"{USER_ID}:{USER_ID}",
             "--volume", f"{work}:/work{':ro' if mount.get('readOnly') else ''}"]
+    args += [arg for m in scratch for arg in ("--tmpfs", f"{m['mountPath']}:rw,size=512m,mode=1777")]
+    if security.get("readOnlyRootFilesystem"):
+        args += ["--read-only", "--read-only-tmpfs=false"]  # no writable folder but the pod's own
+    if security.get("capabilities", {}).get("drop") == ["ALL"]:
+        args += ["--cap-drop", "ALL"]
     if security.get("allowPrivilegeEscalation") is False:
         args += ["--security-opt", "no-new-privileges"]
     if security.get("procMount") == "Unmasked":
