@@ -25,7 +25,7 @@ from controller.runners.base import JobSpec, ProcessSpec, Runner, Spec
 from controller.runners.local import LocalRunner
 from controller.settings import ControllerSettings
 from infra.sandbox.errors import SandboxError
-from infra.sandbox.policy import Policy, gateway_of
+from infra.sandbox.policy import Policy, gateway_of, inside_url
 from schemas.producer import EventProducer
 from schemas.rollout_token import DEVELOPMENT_ADMIN_KEY, DEVELOPMENT_SECRET
 
@@ -61,7 +61,9 @@ def process_specs(harness: Harness, sandbox: Sandbox | None = None, gateway_url:
                         writable=[path(p, fill_in) for p in sandbox.writable],
                         hide=[*(path(p, fill_in) for p in sandbox.hide), *(str(h.absolute()) for h in hidden)],
                         gateway=gateway_url, limits=sandbox.limits, **({"uid": sandbox.uid} if sandbox.uid else {}))
-        env = {**harness_env.sandboxed(os.environ, sandbox.pass_env), **base.env}
+        inside = inside_url(gateway_url)  # a privileged port is served inside at another
+        own = {k: inside + v[len(gateway_url):] if v.startswith(gateway_url) else v for k, v in base.env.items()}
+        env = {**harness_env.sandboxed(os.environ, sandbox.pass_env), **own}
         return ProcessSpec(**_shared(base, env=env), workdir=harness.workdir, setup=setup,
                            argv=[sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", *argv])
 

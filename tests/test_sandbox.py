@@ -30,7 +30,7 @@ from controller.main import process_specs
 from controller.runners.base import Spec
 from infra.sandbox import cgroups
 from infra.sandbox.errors import PolicyError
-from infra.sandbox.policy import Layout, Limits, Policy, gateway_of, plan, visibility
+from infra.sandbox.policy import Layout, Limits, Policy, gateway_of, inside_url, plan, visibility
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_FILE = Path(sys.prefix) / "pyvenv.cfg"
@@ -354,3 +354,17 @@ def test_a_path_is_seen_as_the_policy_says(read_only: list[str], hide: list[str]
     else:
         assert seen == "absent"
     assert visibility(mounts, "/opt/python/lib") == "read-only" and visibility(mounts, "/root") == "absent"
+
+
+def test_a_gateway_on_a_privileged_port_is_served_inside_on_another(site: Path, tmp_path: Path) -> None:
+    """An unprivileged user cannot listen on port 80: the harness is told the gateway's URL with the port the
+    sandbox serves it on, and its calls reach the real one."""
+    assert inside_url("http://gateway.tether/v1") == "http://gateway.tether:10080/v1"
+    assert inside_url("https://u@[::1]:443/v1") == "https://u@[::1]:10443/v1"
+    assert inside_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    base = Spec(rollout_id="r", run_id="r", task_id="t", attempt=0, log_path=tmp_path / "log",
+                env={"OPENAI_BASE_URL": "http://gateway.tether/v1", "TETHER_REWARD_URL": "http://gateway.tether/r"})
+    spec = process_specs(Harness(command=["a"], workdir=tmp_path), Sandbox(workdir="."), "http://gateway.tether")(
+        base, lambda obj: obj)
+    assert spec.env["OPENAI_BASE_URL"] == "http://gateway.tether:10080/v1"
+    assert spec.env["TETHER_REWARD_URL"] == "http://gateway.tether:10080/r"

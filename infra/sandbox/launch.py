@@ -204,7 +204,7 @@ def agent_spec(policy: Policy, gateway: Gateway) -> str:
     limits = policy.limits
     rlimits = {"RLIMIT_NPROC": limits.processes, "RLIMIT_FSIZE": limits.file_mb * 1024 * 1024,
                "RLIMIT_NOFILE": limits.open_files, "RLIMIT_CORE": 0}
-    return json.dumps({"rlimits": rlimits, "listen": list(gateway.listen), "port": gateway.port,
+    return json.dumps({"rlimits": rlimits, "listen": list(gateway.listen), "port": gateway.inside_port,
                        "socket": sandbox.SOCKET})
 
 

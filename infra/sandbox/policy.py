@@ -105,13 +105,32 @@ class Layout:
     etc: tuple[tuple[str, str], ...] = ()
 
 
+#: an unprivileged user cannot listen below this port: a gateway there is served inside at its port + SHIFT
+PRIVILEGED_PORTS, SHIFT = 1024, 10000
+
+
 @dataclass(frozen=True)
 class Gateway:
-    """Where the relay listens inside (the URL's own host and port), and the host name, if any, that the
-    sandbox's hosts file maps to loopback."""
+    """Where the relay listens inside (the URL's own host, and its port unless that is privileged), the port it
+    reaches outside, and the host name, if any, that the sandbox's hosts file maps to loopback."""
     listen: tuple[str, ...]
     port: int
     name: str | None
+
+    @property
+    def inside_port(self) -> int:
+        return self.port if self.port >= PRIVILEGED_PORTS else self.port + SHIFT
+
+
+def inside_url(url: str) -> str:
+    """The gateway's URL as a sandboxed harness must be told it: the same but for a privileged port."""
+    gateway = gateway_of(url)
+    if gateway.inside_port == gateway.port:
+        return url
+    parts = urlsplit(url)
+    user, at, host = parts.netloc.rpartition("@")
+    bare = host[:host.rindex(":")] if parts.port is not None else host
+    return parts._replace(netloc=f"{user}{at}{bare}:{gateway.inside_port}").geturl()
 
 
 def gateway_of(url: str) -> Gateway:
