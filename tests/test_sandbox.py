@@ -7,6 +7,7 @@ everything else on the machine (the broker, another service)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.server
 import json
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -178,7 +180,8 @@ def test_no_process_outside_the_sandbox_can_be_seen_or_signalled(site: Path, ser
 
 
 def test_another_rollouts_token_is_out_of_reach(site: Path, servers: tuple[Server, Server]) -> None:
-    """Two rollouts at once: the second reads every process and file it can find for the first's token."""
+    """Two rollouts at once: the second reads every process it can see, and every folder where a token could be
+    written (the system's and the interpreter's are read-only and installed), for the first's token."""
     (site / "work" / "other" / ".ready").unlink(missing_ok=True)
     gateway = servers[0]
     policy = Policy(workdir=str(site / "work" / "other"), gateway=f"http://127.0.0.1:{gateway.port}")
@@ -191,8 +194,8 @@ def test_another_rollouts_token_is_out_of_reach(site: Path, servers: tuple[Serve
             time.sleep(0.05)
         (site / "work" / "mine" / "pattern").write_text("first-rollouts-token\n")  # not in any command line
         done = sandboxed(site, gateway, "cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
-                                        "grep -c -f pattern; grep -rs -f pattern / --exclude-dir=proc "
-                                        "--exclude-dir=sys -l | grep -v pattern | head -3; true",
+                                        "grep -c -f pattern; grep -rs -f pattern -l /tmp /var/tmp /dev/shm /home /run "
+                                        f"/etc {site} | grep -v pattern | head -3; true",
                          env={"OPENAI_API_KEY": "tr2.mine"})
         assert done.stdout.split() == ["0"], done.stdout
     finally:
@@ -286,10 +289,11 @@ def test_two_sandboxes_at_once_are_two_users(site: Path, servers: tuple[Server, 
     gateway = servers[0]
     policy = Policy(workdir=str(site / "work" / "other"), gateway=f"http://127.0.0.1:{gateway.port}")
     first = subprocess.Popen([sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", "sh", "-c",
-                              "id -u > uid; sleep 5"], cwd=site / "work" / "other", env={"PATH": os.environ["PATH"]})
+                              "id -u > uid; sleep 5"], cwd=site / "work" / "other",
+                             env={"PATH": os.environ["PATH"], "TMPDIR": str(site)})  # the users' locks are not there
     try:
         time.sleep(1.5)
-        done = sandboxed(site, gateway, "id -u; keyctl show @s 2>/dev/null | grep -c tether-probe")
+        done = sandboxed(site, gateway, "id -u")
     finally:
         first.wait(30)
     assert done.stdout.split()[0] != (site / "work" / "other" / "uid").read_text().strip()
@@ -368,3 +372,85 @@ def test_a_gateway_on_a_privileged_port_is_served_inside_on_another(site: Path, 
         base, lambda obj: obj)
     assert spec.env["OPENAI_BASE_URL"] == "http://gateway.tether:10080/v1"
     assert spec.env["TETHER_REWARD_URL"] == "http://gateway.tether:10080/r"
+
+
+def test_what_comes_back_is_bounded_too(site: Path, servers: tuple[Server, Server]) -> None:
+    """A sparse file's holes and a file's hard links take little of the tmpfs and would come back whole: the copy
+    back counts every byte it writes, and stops."""
+    done = sandboxed(site, servers[0], "truncate -s 400M sparse && head -c 1000000 /dev/zero > f && "
+                                       "for i in $(seq 50); do ln f link$i; done; echo made",
+                     limits={"disk_mb": 30})
+    assert done.stdout == "made\n" and done.returncode == 125 and "would be written" in done.stderr, done.stderr
+    du = subprocess.run(["du", "-sb", str(site / "work" / "mine")], capture_output=True, text=True, check=True)
+    assert int(du.stdout.split()[0]) <= 30 * 1024 * 1024
+
+
+def test_entries_the_agent_locked_itself_out_of_still_come_back(site: Path, servers: tuple[Server, Server]) -> None:
+    done = sandboxed(site, servers[0], "mkdir -p d && echo x > d/f && echo y > g && chmod 000 d/f g d && echo ok")
+    assert done.returncode == 0, done.stderr
+    mine = site / "work" / "mine"
+    assert (mine / "g").stat().st_mode & 0o777 == 0 and (mine / "d").is_dir()
+
+
+def test_a_link_left_where_a_copy_is_made_is_not_followed(site: Path, servers: tuple[Server, Server]) -> None:
+    """The working copy reused with a hard-linked file in it and a link the agent left beside it: the launcher,
+    root, copies the file before giving it away, and writes nothing through the link."""
+    victim = site / "victim"
+    victim.write_text("root's\n")
+    victim.chmod(0o600)
+    mine = site / "work" / "mine"
+    os.link(site / "tasks" / "private" / "instances.jsonl", mine / "obj")
+    (mine / "obj.tether-unlink").symlink_to(victim)
+    done = sandboxed(site, servers[0], "echo ok")
+    assert done.stdout == "ok\n" and victim.read_text() == "root's\n" and victim.stat().st_mode & 0o777 == 0o600
+
+
+def wait_held(workdir: Path, timeout_s: float = 30) -> None:
+    """Until a launcher holds the working copy's lock (it does from before the sandbox is made to its end)."""
+    deadline = time.monotonic() + timeout_s
+    handle = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, fcntl.LOCK_UN)
+            except BlockingIOError:
+                return
+            time.sleep(0.02)
+    finally:
+        os.close(handle)
+    raise AssertionError(f"no launcher took {workdir} within {timeout_s} s")
+
+
+def test_one_working_copy_is_one_sandboxes_at_a_time(site: Path, servers: tuple[Server, Server]) -> None:
+    gateway = servers[0]
+    policy = Policy(workdir=str(site / "work" / "mine"), gateway=f"http://127.0.0.1:{gateway.port}")
+    first = subprocess.Popen([sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", "sh", "-c",
+                              "sleep 30"], cwd=site / "work" / "mine", env={"PATH": os.environ["PATH"]},
+                             start_new_session=True)
+    try:
+        wait_held(site / "work" / "mine")
+        second = sandboxed(site, gateway, "echo reached")
+        assert second.returncode == 125 and "another running sandbox" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)  # as the runner stops a rollout
+        first.wait(30)
+
+
+def test_what_a_killed_launcher_leaves_the_next_one_removes(site: Path, servers: tuple[Server, Server]) -> None:
+    gateway = servers[0]
+    policy = Policy(workdir=str(site / "work" / "other"), gateway=f"http://127.0.0.1:{gateway.port}")
+    launcher = subprocess.Popen([sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", "sh", "-c",
+                                 "sleep 60"], cwd=site / "work" / "other",
+                                env={"PATH": os.environ["PATH"], "TETHER_ROLLOUT_ID": "killed"},
+                                start_new_session=True)
+    wait_held(site / "work" / "other")
+    time.sleep(1.0)  # the sandbox made, its cgroup among it
+    os.killpg(launcher.pid, signal.SIGKILL)  # as the runner does past the grace period
+    launcher.wait()
+    left = list(Path(tempfile.gettempdir()).glob(f"tether-sandbox-{launcher.pid}-*"))
+    assert left  # its private folder is there: nobody cleaned up
+    time.sleep(0.5)  # the kernel reaps the sandbox's processes
+    assert sandboxed(site, gateway, "true").returncode == 0
+    assert not any(p.exists() for p in left)
+    assert not [p for p in Path("/sys/fs/cgroup").rglob(f"tether-killed-{launcher.pid}")]

@@ -131,6 +131,21 @@ def _v1(name: str, memory: int, processes: int, cpus: float | None) -> Cgroup | 
     return None
 
 
+def sweep() -> None:
+    """Empty groups that killed launchers left (`tether-*-PID` beside this process's own, PID gone): the kernel
+    removes a group only when it is empty, so one still in use stays."""
+    own = _own_groups()
+    parents = [V2_ROOT / own[""].lstrip("/")] if "" in own and (V2_ROOT / "cgroup.controllers").exists() else []
+    parents += [root / own[c].lstrip("/") for c, root in V1_ROOTS.items() if c in own]
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for folder in parent.glob("tether-*"):
+                with contextlib.suppress(OSError):
+                    pid = folder.name.rsplit("-", 1)[-1]
+                    if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                        folder.rmdir()
+
+
 def make(name: str, memory_mb: int, processes: int, cpus: float | None = None) -> tuple[Cgroup | None, str]:
     """A new group `name` with the limits, and how it was made (or why none could be)."""
     memory = memory_mb * 1024 * 1024

@@ -61,9 +61,23 @@ def become(uid: int, gid: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-#: folders deeper than this are not copied (the agent's own loss: nothing it made that deep is code)
+#: folders deeper than this are not copied (said in the log: nothing an agent makes that deep is code)
 MAX_DEPTH = 256
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Budget:
+    """What a copy may write: bytes (every byte of a file, its holes and each of its hard links' names
+    included: that is what the machine's disk receives) and entries. Past either the copy stops."""
+
+    def __init__(self, size: int, entries: int) -> None:
+        self.size, self.entries = size, entries
+
+    def take(self, size: int) -> None:
+        self.size -= size
+        self.entries -= 1
+        if self.size < 0 or self.entries < 0:
+            raise OSError(27, "more than the sandbox's limits.disk_mb or limits.files would be written")
 
 
 def clear(folder: int) -> None:
@@ -84,15 +98,19 @@ def clear(folder: int) -> None:
         os.rmdir(name, dir_fd=folder)
 
 
-def copy_file(name: str, source: int, target: int, mode: int) -> None:
-    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source)
+def copy_file(name: str, source: int, target: int, mode: int, budget: Budget) -> None:
+    os.chmod(name, 0o600 | mode, dir_fd=source, follow_symlinks=False)  # its owner may always read it
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=source)
     try:
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):
+            return  # swapped since it was listed: not a file, not copied
+        budget.take(info.st_size)
         dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                       dir_fd=target)
         try:
             while chunk := os.read(src, 1 << 20):
                 os.write(dst, chunk)
-            info = os.fstat(src)
             os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
             os.fchmod(dst, mode)
         finally:
@@ -101,35 +119,40 @@ def copy_file(name: str, source: int, target: int, mode: int) -> None:
         os.close(src)
 
 
-def copy_tree(source: int, target: int, depth: int = 0) -> None:
+def copy_tree(source: int, target: int, budget: Budget, depth: int = 0) -> None:
     """What the folder open as `source` holds, into the one open as `target`: by descriptors, so no path is too
-    long and no link is followed. Folders, regular files (mode without set-id bits, times) and links as links;
-    a pipe, a socket or a device is not the agent's work and is left out."""
+    long and no link is followed. Folders, regular files and links as links; a file's mode without set-id bits
+    or write for others; a pipe, a socket or a device is not the agent's work and is left out."""
     with os.scandir(source) as entries:
         found = [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
     for name, mode in found:
         if stat.S_ISLNK(mode):
+            budget.take(0)
             os.symlink(os.readlink(name, dir_fd=source), name, dir_fd=target)
         elif stat.S_ISREG(mode):
-            copy_file(name, source, target, mode & 0o777)
-        elif stat.S_ISDIR(mode) and depth < MAX_DEPTH:
+            copy_file(name, source, target, mode & 0o755, budget)
+        elif stat.S_ISDIR(mode) and depth >= MAX_DEPTH:
+            say(f"a folder {MAX_DEPTH} deep is not copied ({name})")
+        elif stat.S_ISDIR(mode):
+            budget.take(0)
+            os.chmod(name, 0o700 | mode, dir_fd=source, follow_symlinks=False)
             os.mkdir(name, 0o700, dir_fd=target)
             inner_source = os.open(name, DIRECTORY, dir_fd=source)
             inner_target = os.open(name, DIRECTORY, dir_fd=target)
             try:
-                copy_tree(inner_source, inner_target, depth + 1)
-                os.fchmod(inner_target, mode & 0o777)
+                copy_tree(inner_source, inner_target, budget, depth + 1)
+                os.fchmod(inner_target, mode & 0o755)
             finally:
                 os.close(inner_source)
                 os.close(inner_target)
 
 
-def mirror(source: str, target: str) -> None:
+def mirror(source: str, target: str, budget: Budget) -> None:
     """`target` made to hold what `source` holds (see `copy_tree`)."""
     src, dst = os.open(source, DIRECTORY), os.open(target, DIRECTORY)
     try:
         clear(dst)
-        copy_tree(src, dst)
+        copy_tree(src, dst, budget)
     finally:
         os.close(src)
         os.close(dst)
@@ -143,9 +166,9 @@ def as_user(spec: dict, work: "list[tuple[str, str]]") -> bool:  # type: ignore[
         try:
             become(int(spec["uid"]), int(spec["gid"]))
             for source, target in work:
-                mirror(source, target)
+                mirror(source, target, Budget(int(spec["disk"]), int(spec["files"])))
         except OSError as exc:
-            say(f"copying {exc.filename or ''}: {exc.strerror} (a tmpfs holds limits.disk_mb)")
+            say(f"copying {exc.filename or ''}: {exc.strerror}")
             code = 1
         except BaseException as exc:  # a tree too deep, say: never a traceback for the agent's making
             say(f"copying: {exc!r}")

@@ -84,6 +84,21 @@ def layout(folder: Path, gateway: Gateway, uid: int, gid: int) -> Layout:
     return Layout(system, tuple(sorted(os.path.realpath(p) for p in interpreter)), tuple(etc))
 
 
+#: root's: the locks that give each running sandbox its own user (not under TMPDIR, which a run file can set)
+USERS = Path("/run/tether-sandbox-users")
+
+
+def own_folder(path: Path) -> Path:
+    """`path`, made if missing, refused unless it is a folder of this user's that nobody else may write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxUnavailable(f"{path} is not a folder of this user's that only it may write: remove it")
+    return path
+
+
 class Identity:
     """The sandbox's user and group, and (root) the lock that makes them its own while it runs."""
 
@@ -92,10 +107,10 @@ class Identity:
         if os.geteuid() != 0:
             self.uid, self.gid = os.geteuid(), os.getegid()
             return
-        locks = Path(tempfile.gettempdir()) / "tether-sandbox-users"
-        locks.mkdir(mode=0o700, exist_ok=True)
+        locks = own_folder(USERS)
         for uid in range(policy.uid, policy.uid + sandbox.UIDS):
-            handle = (locks / str(uid)).open("ab")
+            handle = os.fdopen(os.open(locks / str(uid), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                       0o600), "ab")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -121,8 +136,10 @@ def give(folder: Path, uid: int, gid: int) -> None:
             if info.st_dev != device:
                 raise PolicyError(f"sandbox: {path} is on another filesystem than {folder} (a mount in it)")
             if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-                copy = f"{path}.tether-unlink"
-                shutil.copy2(path, copy, follow_symlinks=False)
+                handle, copy = tempfile.mkstemp(dir=parent, prefix=".tether-unlink-")  # O_EXCL: a new file
+                with os.fdopen(handle, "wb") as out, open(path, "rb") as original:
+                    shutil.copyfileobj(original, out)
+                shutil.copystat(path, copy, follow_symlinks=False)
                 os.replace(copy, path)
             os.chown(path, uid, gid, follow_symlinks=False)
     os.chown(folder, uid, gid, follow_symlinks=False)
@@ -179,6 +196,8 @@ class Relay:
                 await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer), return_exceptions=True)
             finally:
                 up_writer.close()
+        except asyncio.CancelledError:
+            pass  # the sandbox ended with the connection open: nothing to say in its log
         finally:
             self._open -= 1
             writer.close()
@@ -197,7 +216,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 def stage_spec(policy: Policy, identity: Identity) -> str:
     copies = [[f"{sandbox.KEEP}/{i}", folder] for i, folder in enumerate(sandbox.writable_of(policy))]
-    return json.dumps({"uid": identity.uid, "gid": identity.gid, "copies": copies})
+    return json.dumps({"uid": identity.uid, "gid": identity.gid, "copies": copies,
+                       "disk": policy.limits.disk_mb * 1024 * 1024, "files": policy.limits.files})
 
 
 def agent_spec(policy: Policy, gateway: Gateway) -> str:
@@ -215,9 +235,41 @@ def environment() -> dict[str, str]:
     return env
 
 
+def has_terminal() -> bool:
+    """Whether this process has a controlling terminal (run by hand): the agent then gets a session of its own,
+    so that nothing it does can push input into that terminal."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+        return True
+    except OSError:
+        return False
+
+
 def _group_name() -> str:
     rollout = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get("TETHER_ROLLOUT_ID", "sandbox"))[:100]
     return f"tether-{rollout}-{os.getpid()}"
+
+
+def hold(workdir: str) -> int:
+    """The working copy, locked for this sandbox's life: two sandboxes copying one folder back would tear it."""
+    handle = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise PolicyError(f"sandbox.workdir {workdir} is another running sandbox's: give each rollout its own "
+                          "(work/{rollout_id}, say)") from None
+    return handle
+
+
+def sweep() -> None:
+    """What launchers killed before they could clean up left: their private folders (named by their pid), and
+    empty cgroups of this launcher's kind (`cgroups.sweep`)."""
+    for folder in Path(tempfile.gettempdir()).glob("tether-sandbox-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and folder.lstat().st_uid == os.geteuid():
+            shutil.rmtree(folder, ignore_errors=True)
+    cgroups.sweep()
 
 
 def _own_keyring() -> None:
@@ -227,10 +279,13 @@ def _own_keyring() -> None:
         ctypes.CDLL(None, use_errno=True).syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
 
 
-async def _supervise(process: subprocess.Popen[bytes], relay: Relay) -> int:
+async def _supervise(process: subprocess.Popen[bytes], relay: Relay, alone: bool) -> int:
+    """Until bubblewrap ends. A signal reaches the harness directly, in the same process group, and this process
+    stays to clean up; `alone` (the agent in a session of its own, out of reach of the terminal's signals), a
+    signal ends the sandbox."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, lambda: None)  # the harness has it too; this process stays to clean up
+        loop.add_signal_handler(sig, process.kill if alone else lambda: None)
     server = await relay.serve()
     code = await loop.run_in_executor(None, process.wait)
     server.close()
@@ -242,17 +297,20 @@ def run(policy: Policy, command: list[str]) -> int:
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap is not installed (Debian: apt-get install bubblewrap)")
     gateway = sandbox.gateway_of(policy.gateway)
+    sweep()
     identity = Identity(policy)
-    folder = Path(tempfile.mkdtemp(prefix="tether-sandbox-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"tether-sandbox-{os.getpid()}-"))
     group: cgroups.Cgroup | None = None
+    held: int | None = None
     try:
         folder.chmod(0o755)  # bubblewrap, as the sandbox's user where the launcher is not root, binds from here
         real = resolve(policy)
         mounts = sandbox.plan(real, layout(folder, gateway, identity.uid, identity.gid))  # checked: now change
+        held = hold(real.workdir)
         prepare(real, identity)
         relay = Relay(folder, (gateway.name or gateway.listen[0], gateway.port))
         python = [sys.executable, "-I", "-S", sandbox.INSIDE]
-        new_session = any(os.isatty(fd) for fd in (0, 1, 2))
+        new_session = has_terminal()
         options = sandbox.root_argv(mounts, socket=str(relay.path), inside=str(INSIDE), privileged=os.geteuid() == 0)
         command = [*python, "stage", stage_spec(real, identity), "--",
                    *sandbox.jail_argv(bwrap, workdir=real.workdir, uid=identity.uid, gid=identity.gid,
@@ -260,6 +318,8 @@ def run(policy: Policy, command: list[str]) -> int:
                    "--", *python, "agent", agent_spec(real, gateway), "--", *command]
         limits = policy.limits
         group, how = cgroups.make(_group_name(), limits.memory_mb, limits.processes, limits.cpus)
+        if group is None and limits.cgroup:
+            raise SandboxUnavailable(f"{how}; set sandbox.limits.cgroup: false to run without one")
         if group is None:
             say(how)
 
@@ -274,7 +334,7 @@ def run(policy: Policy, command: list[str]) -> int:
             listed.seek(0)
             process = subprocess.Popen([bwrap, "--args", str(listed.fileno()), "--", *command], env=environment(),
                                        preexec_fn=enter, pass_fds=[listed.fileno()])
-        code = asyncio.run(_supervise(process, relay))
+        code = asyncio.run(_supervise(process, relay, new_session))
         if group is not None and group.oom_kills():
             say(f"the memory limit ({limits.memory_mb} MB) killed {group.oom_kills()} process(es)")
         return code if code >= 0 else 128 - code
@@ -283,6 +343,8 @@ def run(policy: Policy, command: list[str]) -> int:
             group.remove()
         shutil.rmtree(folder, ignore_errors=True)
         identity.release()
+        if held is not None:
+            os.close(held)
 
 
 def main(argv: list[str]) -> int:

@@ -64,7 +64,11 @@ class Limits(BaseModel):
                                                   "and the cgroup's pids.max).")
     cpus: float | None = Field(None, gt=0, description="CPUs' worth of time (the cgroup's CPU quota); none: "
                                                        "unbounded.")
-    disk_mb: int = Field(2048, ge=1, description="The working copy, and each writable folder: what it may hold.")
+    disk_mb: int = Field(2048, ge=1, description="The working copy, and each writable folder: what it may hold, "
+                                                 "and what is copied back of it (a sparse file's holes count).")
+    files: int = Field(100_000, ge=10, description="The entries copied back of each (more: the copy stops).")
+    cgroup: bool = Field(True, description="A cgroup is required (memory, processes and CPU bounded for the whole "
+                                           "sandbox); false runs without one where none can be made, saying so.")
     file_mb: int = Field(512, ge=1, description="The largest file any process may write (RLIMIT_FSIZE), its "
                                                 "output to the rollout's log included.")
     tmp_mb: int = Field(1024, ge=1, description="Each of /tmp, /var/tmp, /dev/shm and the home folder.")
