@@ -182,16 +182,14 @@ def test_no_process_outside_the_sandbox_can_be_seen_or_signalled(site: Path, ser
 def test_another_rollouts_token_is_out_of_reach(site: Path, servers: tuple[Server, Server]) -> None:
     """Two rollouts at once: the second reads every process it can see, and every folder where a token could be
     written (the system's and the interpreter's are read-only and installed), for the first's token."""
-    (site / "work" / "other" / ".ready").unlink(missing_ok=True)
     gateway = servers[0]
     policy = Policy(workdir=str(site / "work" / "other"), gateway=f"http://127.0.0.1:{gateway.port}")
     first = subprocess.Popen([sys.executable, "-m", "infra.sandbox", policy.model_dump_json(), "--", "sh", "-c",
-                              "touch .ready; sleep 30"], cwd=site / "work" / "other",
+                              "sleep 30"], cwd=site / "work" / "other", start_new_session=True,
                              env={"PATH": os.environ["PATH"], "OPENAI_API_KEY": "tr2.first-rollouts-token"})
     try:
-        deadline = time.monotonic() + 30
-        while not (site / "work" / "other" / ".ready").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_held(site / "work" / "other")
+        time.sleep(0.5)  # its harness started
         (site / "work" / "mine" / "pattern").write_text("first-rollouts-token\n")  # not in any command line
         done = sandboxed(site, gateway, "cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | "
                                         "grep -c -f pattern; grep -rs -f pattern -l /tmp /var/tmp /dev/shm /home /run "
@@ -199,7 +197,7 @@ def test_another_rollouts_token_is_out_of_reach(site: Path, servers: tuple[Serve
                          env={"OPENAI_API_KEY": "tr2.mine"})
         assert done.stdout.split() == ["0"], done.stdout
     finally:
-        first.send_signal(signal.SIGTERM)
+        os.killpg(first.pid, signal.SIGTERM)
         first.wait(30)
 
 
