@@ -24,6 +24,7 @@ from controller.plan import Launch, RunState
 from controller.runners.base import JobSpec, ProcessSpec, Runner, Spec
 from controller.runners.local import LocalRunner
 from controller.settings import ControllerSettings
+from infra.sandbox import cgroups
 from infra.sandbox.errors import SandboxError
 from infra.sandbox.policy import Policy, gateway_of, inside_url
 from schemas.producer import EventProducer
@@ -88,12 +89,19 @@ def announce_sandbox(config: RunConfig, settings: ControllerSettings) -> None:
         gateway_of(gateway_url)
     except SandboxError as exc:
         raise ConfigError(str(exc)) from exc
+    limits = config.sandbox.limits
+    group, how = cgroups.make(f"tether-probe-{os.getpid()}", limits.memory_mb, limits.processes, limits.cpus)
+    if group is not None:
+        group.remove()
+    elif limits.cgroup:  # every rollout would be refused: say it once, now
+        raise ConfigError(f"sandbox: {how}; set sandbox.limits.cgroup: false to run without one")
+    else:
+        log.warning("sandbox: %s (sandbox.limits.cgroup is false)", how)
     if DEVELOPMENT_SECRET in (settings.gateway_secret, settings.gateway_admin_key) or \
             DEVELOPMENT_ADMIN_KEY in (settings.gateway_secret, settings.gateway_admin_key):
         log.warning("sandbox: the gateway's development secret or admin key is in use; both are public (Tether's "
                     "source), and the sandbox lets the agent reach the gateway: it could mint any rollout's token. "
                     "Set TETHER_GATEWAY_SECRET and TETHER_GATEWAY_ADMIN_KEY (and the controller's) to your own")
-    limits = config.sandbox.limits
     log.info("sandbox: on (bubblewrap): the working copy writable, the gateway the only address, at most "
              "%d MB of memory, %d processes, %d MB in the working copy", limits.memory_mb, limits.processes,
              limits.disk_mb)
