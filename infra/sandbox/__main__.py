@@ -4,4 +4,5 @@ import sys
 
 from infra.sandbox.launch import main
 
-sys.exit(main(sys.argv))
+if __name__ == "__main__":  # imported (a walk over the package's modules), it runs nothing
+    sys.exit(main(sys.argv))
