@@ -39,7 +39,7 @@ def write_run(tmp_path: Path, run_id: str, tasks: list[dict[str, Any]], **overri
     config = {"run_id": run_id, "dataset": "tasks.jsonl", "group_size": 2, "concurrency": 4, "timeout_s": 30,
               "grace_s": 1, "log_dir": "logs",
               "harness": {"command": HARNESS, "env": {"TEST_LEDGER": str(tmp_path / "ledger")}},
-              "sandbox": False, **overrides}  # its harness writes a ledger beside the run (test_sandbox has its own)
+              "sandbox": False, **overrides}  # its harness writes a ledger beside the run (tests/sandbox has its own)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
